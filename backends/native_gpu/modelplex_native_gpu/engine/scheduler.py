@@ -1,0 +1,178 @@
+"""Scheduler: decides which requests run each step and how many tokens each advances.
+
+One rule covers prefill, chunked prefill, prefix hits and decode: a request's
+`num_computed_tokens` catches up with `num_tokens` within a per-step token budget.
+Running decodes go first, then running partial prefills, then waiting requests.
+When blocks run out, the newest (lowest-priority) running request is preempted and
+later recomputed. The scheduler never touches a tensor: its output is a SchedulerOutput.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+
+from .kv_cache_manager import KVCacheManager
+from .request import EngineRequest, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerOutput:
+    """The only message from scheduler to runner. Lists are aligned: request i runs
+    `num_scheduled_tokens[i]` tokens starting at its `num_computed_tokens`."""
+
+    requests: list[EngineRequest] = field(default_factory=list)
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+class Scheduler:
+    """FCFS (or priority, lower first) continuous batching over a KVCacheManager."""
+
+    def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int):
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: list[EngineRequest] = []  # sorted by sort_key()
+        self.running: list[EngineRequest] = []  # in admission order: the last is preempted first
+        self.requests: dict[str, EngineRequest] = {}
+        self._finished_ids: list[str] = []
+        self.num_preemptions = 0
+
+    def add_request(self, request: EngineRequest):
+        self.requests[request.request_id] = request
+        self._enqueue(request)
+
+    def _enqueue(self, request: EngineRequest):
+        keys = [r.sort_key() for r in self.waiting]
+        self.waiting.insert(bisect.bisect_right(keys, request.sort_key()), request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.max_num_batched_tokens
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for request in decodes + prefills:
+            if budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(request, num_new, out):
+                continue
+            self._add(out, request, num_new)
+            budget -= num_new
+        self._schedule_waiting(out, budget)
+        return out
+
+    def _allocate_or_preempt(self, request: EngineRequest, num_new: int, out: SchedulerOutput) -> bool:
+        """Allocate, preempting the lowest-priority newest running request until it fits."""
+        while not self.kv_cache_manager.allocate_slots(request, num_new):
+            victim = max(self.running, key=lambda r: (r.priority, self.running.index(r)))
+            self._preempt(victim, out)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: EngineRequest, out: SchedulerOutput):
+        logger.debug("preempting %s", request.request_id)
+        self.running.remove(request)
+        if request in out.requests:  # already scheduled this step: unschedule it
+            i = out.requests.index(request)
+            del out.requests[i], out.num_scheduled_tokens[i], out.block_tables[i]
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted_request_ids.append(request.request_id)
+        self._enqueue(request)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int):
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            if not self.kv_cache_manager.allocate_slots(request, num_new, hits):
+                break  # wait for running requests to free blocks; never preempt for a newcomer
+            self.kv_cache_manager.record_prefix_lookup(request.num_tokens, num_hit_tokens)
+            self.waiting.pop(0)
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add(out, request, num_new)
+            budget -= num_new
+
+    def _add(self, out: SchedulerOutput, request: EngineRequest, num_new: int):
+        out.requests.append(request)
+        out.num_scheduled_tokens.append(num_new)
+        out.block_tables.append(self.kv_cache_manager.block_table(request.request_id))
+
+    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: list[int | None]) -> list[EngineRequest]:
+        """Advance progress and append sampled tokens; returns the requests that got a new token.
+
+        `sampled_token_ids[i]` is None for a request whose prefill chunk did not reach its end.
+        """
+        updated = []
+        for request, num_new, token_id in zip(out.requests, out.num_scheduled_tokens, sampled_token_ids):
+            if request.is_finished:  # aborted while the step ran
+                continue
+            request.num_computed_tokens += num_new
+            if token_id is None:
+                continue
+            request.append_token(token_id)
+            self._check_stop(request, token_id)
+            if request.is_finished:
+                self._free(request)
+            updated.append(request)
+        return updated
+
+    def _check_stop(self, request: EngineRequest, token_id: int):
+        params = request.sampling_params
+        if not params.ignore_eos and token_id == request.eos_token_id:
+            request.status = RequestStatus.FINISHED_STOPPED
+        elif token_id in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = token_id
+        elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> EngineRequest | None:
+        """Finish from outside (abort, stop string); frees its blocks at once."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return None
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self._free(request)
+        return request
+
+    def _free(self, request: EngineRequest):
+        if request in self.running:
+            self.running.remove(request)
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)

@@ -1,0 +1,25 @@
+"""Typed errors for bad user input; each names the offending field."""
+
+
+class EngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """A request or its sampling parameters are invalid; `field` names the culprit."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class InvalidConfigError(EngineError, ValueError):
+    """The engine configuration cannot work (e.g. the KV budget is too small)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class ModelLoadError(EngineError):
+    """Weights, config or tokenizer could not be read or are of an unsupported kind."""

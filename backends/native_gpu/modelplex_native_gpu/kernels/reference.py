@@ -1,0 +1,73 @@
+"""Torch reference implementations of the paged-attention kernels; also the CPU execution path.
+
+Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim].
+Block tables are padded with block 0 (the null block); padded positions are masked out.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> None:
+    """Write key/value [T, Hkv, D] into the cache slots slot_mapping [T]; slot -1 means skip (padding)."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """[..., num_blocks] block ids -> [..., num_blocks * block_size, Hkv, D] token rows."""
+    rows = cache.index_select(0, block_table.reshape(-1))
+    return rows.view(*block_table.shape[:-1], -1, cache.shape[2], cache.shape[3])
+
+
+def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query token per sequence. query [B, H, D]; block_tables [B, max_blocks]; context_lens [B].
+
+    Returns [B, H, D]. Query head h reads KV head h // (H // Hkv), as in HF's repeat_kv.
+    """
+    batch, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    keys = _gather(k_cache, block_tables).transpose(1, 2)  # [B, Hkv, N, D]
+    values = _gather(v_cache, block_tables).transpose(1, 2)
+    positions = torch.arange(keys.shape[2], device=query.device)
+    mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, N]
+    q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale)
+    return out.reshape(batch, num_heads, head_dim)
+
+
+def prefix_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
+                             scale: float) -> torch.Tensor:
+    """Causal attention for query chunks whose K/V (cached prefix + the chunk) are already in the cache.
+
+    query [T, H, D] holds sequence s at rows cu_seqlens_q[s]:cu_seqlens_q[s+1]; context_lens[s] is the
+    sequence's KV length including the chunk, so its query j sits at position context_lens[s] - q_len + j.
+    """
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    out = torch.empty_like(query)
+    starts, lens = cu_seqlens_q.tolist(), context_lens.tolist()
+    for s, ctx_len in enumerate(lens):
+        q_start, q_end = starts[s], starts[s + 1]
+        q_len = q_end - q_start
+        table = block_tables[s, :(ctx_len + block_size - 1) // block_size]
+        keys = _gather(k_cache, table)[:ctx_len].transpose(0, 1).to(query.dtype)  # [Hkv, N, D]
+        values = _gather(v_cache, table)[:ctx_len].transpose(0, 1).to(query.dtype)
+        q = query[q_start:q_end].transpose(0, 1)  # [H, q_len, D]
+        if q_len == ctx_len:
+            mask, is_causal = None, True
+        else:
+            q_pos = torch.arange(ctx_len - q_len, ctx_len, device=query.device)
+            mask, is_causal = torch.arange(ctx_len, device=query.device)[None, :] <= q_pos[:, None], False
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                           enable_gqa=num_kv_heads != num_heads)
+        out[q_start:q_end] = o.transpose(0, 1)
+    return out
