@@ -1,0 +1,1 @@
+"""Admin API: adapter management routers and authentication (not built yet)."""

@@ -1,0 +1,1 @@
+"""Transformer building blocks: RMSNorm, rotary embedding, paged attention."""

@@ -1,0 +1,42 @@
+"""Weight, config and tokenizer loading from an HF folder or a GGUF file."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ModelLoadError
+from ..models.config import LlamaArchConfig
+
+
+@dataclass
+class LoadedWeights:
+    """Architecture plus HF-named fp32/bf16 tensors, ready for LlamaForCausalLM.load_weights."""
+
+    config: LlamaArchConfig
+    weights: dict[str, torch.Tensor]
+
+
+def load_weights(model_path: str) -> LoadedWeights:
+    """`model_path` is a .gguf file, a folder holding exactly one .gguf, or an HF folder (config.json)."""
+    from . import gguf as gguf_loader, hf as hf_loader
+
+    gguf_file = find_gguf(model_path)
+    if gguf_file:
+        return gguf_loader.load(gguf_file)
+    if os.path.isfile(os.path.join(model_path, "config.json")):
+        return hf_loader.load(model_path)
+    raise ModelLoadError(f"{model_path!r} is neither a GGUF file nor a folder with config.json")
+
+
+def find_gguf(model_path: str) -> str | None:
+    if model_path.endswith(".gguf") and os.path.isfile(model_path):
+        return model_path
+    if os.path.isdir(model_path) and not os.path.isfile(os.path.join(model_path, "config.json")):
+        found = sorted(f for f in os.listdir(model_path) if f.endswith(".gguf"))
+        if len(found) == 1:
+            return os.path.join(model_path, found[0])
+        if found:
+            raise ModelLoadError(f"{model_path!r} holds several .gguf files: {found}")
+    return None

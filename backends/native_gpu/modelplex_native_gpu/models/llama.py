@@ -1,0 +1,111 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2): RMSNorm, RoPE, GQA, SwiGLU.
+
+Runs on a flattened batch of tokens [T] with positions [T]; attention goes through PagedAttention.
+Weights are loaded from HF-named tensors; q/k/v and gate/up are fused into one matmul each.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers.attention import AttentionMetadata, PagedAttention
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from .config import LlamaArchConfig
+
+
+def _param(*shape) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, rotary: RotaryEmbedding, kernels: ModuleType):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if cfg.attention_bias else None
+        self.o_weight = _param(cfg.hidden_size, self.q_size)
+        self.rotary = rotary
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, kernels)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        o = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), meta)
+        return F.linear(o.reshape(-1, self.q_size), self.o_weight)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig):
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size)
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, rotary: RotaryEmbedding, kernels: ModuleType):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, rotary, kernels)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, positions, x, meta):
+        x = x + self.self_attn(positions, self.input_layernorm(x), meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: LlamaArchConfig, kernels: ModuleType, max_position: int):
+        super().__init__()
+        self.config = cfg
+        rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, kernels) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed_tokens)
+        for layer in self.layers:
+            x = layer(positions, x, meta)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on the rows that sample; logits are fp32 for the sampler."""
+        return F.linear(self.norm(hidden), self.lm_head).float()
+
+    def load_weights(self, weights: dict[str, torch.Tensor]):
+        """Copy HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...) into the fused parameters."""
+        get = weights.pop
+        with torch.no_grad():
+            self.embed_tokens.copy_(get("model.embed_tokens.weight"))
+            self.norm.weight.copy_(get("model.norm.weight"))
+            if not self.config.tie_word_embeddings:
+                self.lm_head.copy_(get("lm_head.weight"))
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                attn = layer.self_attn
+                attn.qkv_weight.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+                if attn.qkv_bias is not None:
+                    attn.qkv_bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+                attn.o_weight.copy_(get(p + "self_attn.o_proj.weight"))
+                layer.mlp.gate_up_weight.copy_(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
+                layer.mlp.down_weight.copy_(get(p + "mlp.down_proj.weight"))
+                layer.input_layernorm.weight.copy_(get(p + "input_layernorm.weight"))
+                layer.post_attention_layernorm.weight.copy_(get(p + "post_attention_layernorm.weight"))
+        weights.pop("lm_head.weight", None)  # tied checkpoints may carry a copy
+        unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
+        return unused

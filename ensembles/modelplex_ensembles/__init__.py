@@ -1,0 +1,1 @@
+"""Ensembles: DAG pipelines from ensemble_scheduling, run through the data plane (not built yet)."""

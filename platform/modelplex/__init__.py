@@ -1,0 +1,14 @@
+"""modelplex: a Triton-compatible model server host; backends plug in through the `modelplex` entry points."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .backend import BackendSpec, InstanceContext, ModelContext, ModelInstance  # noqa: E402
+from .errors import (InternalError, InvalidInput, ModelplexError, NotFound, Unavailable,  # noqa: E402
+                     Unsupported)
+from .hookspecs import hookimpl  # noqa: E402
+from .tensors import InferRequest, InferResponse, InferTensor, RequestedOutput  # noqa: E402
+
+__all__ = ["BackendSpec", "InstanceContext", "ModelContext", "ModelInstance", "InferRequest", "InferResponse",
+           "InferTensor", "RequestedOutput", "ModelplexError", "InvalidInput", "NotFound", "Unavailable",
+           "Unsupported", "InternalError", "hookimpl", "__version__"]

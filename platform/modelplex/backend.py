@@ -1,0 +1,91 @@
+"""The contract between the host and a backend plugin: what a backend declares and what it builds.
+
+A plugin returns `BackendSpec` records from the `modelplex_backends` hook. The host owns the
+repository, model states, queues, batching and metrics; a backend only turns a loaded
+`config.pbtxt` plus a version folder into `ModelInstance`s that execute requests.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+from .errors import Unsupported
+from .tensors import InferRequest, InferResponse
+
+
+@dataclass
+class ModelContext:
+    """What a backend knows about the model version it serves.
+
+    `config` is Triton's `ModelConfig` protobuf message (mutable during auto-complete only);
+    `parameters` flattens `config.parameters` to plain strings.
+    """
+
+    name: str
+    version: int
+    model_path: Path
+    version_path: Path
+    config: object
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def model_file(self) -> Path:
+        """The file (or folder) named by `default_model_filename` inside the version folder."""
+        return self.version_path / self.config.default_model_filename
+
+
+@dataclass
+class InstanceContext:
+    """One instance of an `instance_group`: which device it runs on and its index."""
+
+    model: ModelContext
+    name: str
+    index: int
+    kind: str  # "CPU", "GPU", "AUTO" or "MODEL" (Triton's KIND_* without the prefix)
+    device_id: int = 0
+
+
+class ModelInstance(ABC):
+    """One execution instance of a model version. The host never calls one instance concurrently.
+
+    `execute` receives one or more requests (more when the host batches) and returns one
+    response per request, in order. Decoupled models implement `stream` instead.
+    """
+
+    @abstractmethod
+    async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
+        ...
+
+    def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        raise Unsupported("this model does not stream responses")
+
+    async def close(self) -> None:
+        """Release sessions, threads, device memory. Called once, after the last request."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend a plugin provides.
+
+    Example::
+
+        @modelplex.hookimpl
+        def modelplex_backends():
+            return [BackendSpec(name="onnx", aliases=("onnxruntime",),
+                                platforms=("onnxruntime_onnx",),
+                                default_model_filename="model.onnx",
+                                create_instance=OnnxInstance.create,
+                                auto_complete_config=complete_from_onnx)]
+    """
+
+    name: str
+    create_instance: Callable[[InstanceContext], ModelInstance]
+    aliases: tuple[str, ...] = ()
+    platforms: tuple[str, ...] = ()
+    default_model_filename: str = ""
+    # Fills what `config.pbtxt` left out (inputs, outputs, max_batch_size) from the model file.
+    auto_complete_config: Callable[[ModelContext], None] | None = None
+    # Concurrency the host may give one instance; LLM engines batch internally and take many.
+    max_concurrency_per_instance: int = 1

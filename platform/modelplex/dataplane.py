@@ -1,0 +1,114 @@
+"""The one request path. HTTP, gRPC and every other front door translate to and from these calls."""
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from . import __version__
+from .errors import InvalidInput, NotFound, Unavailable, Unsupported
+from .manager import ModelManager
+from .settings import ServerConfig
+from .tensors import InferRequest, InferResponse
+
+EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+              "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
+              "trace", "logging"]
+
+
+class DataPlane:
+    def __init__(self, settings: ServerConfig, manager: ModelManager):
+        self.settings, self.manager = settings, manager
+        self.accepting = True  # False once shutdown starts: not ready, no new requests
+
+    # ---- health and metadata ------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.accepting and (not self.settings.strict_readiness or self.manager.is_ready())
+
+    def metadata(self) -> dict:
+        return {"name": "modelplex", "version": __version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            return self.manager.get(name, version).is_ready
+        except (NotFound, Unavailable):
+            return False
+
+    def model_metadata(self, name: str, version: str = "") -> dict:
+        mv = self.manager.get(name, version)
+        entry = self.manager.entries[name]
+        batch = [-1] if mv.config.max_batch_size > 0 else []
+
+        def tensors(specs):
+            return [{"name": s.name, "datatype": s.datatype, "shape": batch + list(s.dims)} for s in specs.values()]
+
+        return {
+            "name": name,
+            "versions": [str(v) for v, m in sorted(entry.versions.items()) if m.is_ready],
+            "platform": mv.config.platform or mv.config.backend,
+            "inputs": tensors(mv.validator.inputs),
+            "outputs": tensors(mv.validator.outputs),
+        }
+
+    def model_config(self, name: str, version: str = ""):
+        """Triton's `ModelConfig` protobuf message of a loaded version."""
+        return self.manager.get(name, version).config
+
+    # ---- inference ----------------------------------------------------------------------
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if not self.accepting:
+            raise Unavailable("server is shutting down")
+        mv = self.manager.get(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise InvalidInput(f"model '{mv.name}' is decoupled: use a streaming API (ModelStreamInfer, generate_stream)")
+        response = await mv.infer(request)
+        if request.outputs:
+            wanted = {o.name for o in request.outputs}
+            response.outputs = [t for t in response.outputs if t.name in wanted]
+        return response
+
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        if not self.accepting:
+            raise Unavailable("server is shutting down")
+        mv = self.manager.get(request.model_name, request.model_version)
+        wanted = {o.name for o in request.outputs}
+        if not mv.decoupled:
+            response = await self.infer(request)
+            yield response
+            return
+        async for response in mv.stream(request):
+            if wanted:
+                response.outputs = [t for t in response.outputs if t.name in wanted]
+            yield response
+
+    # ---- statistics and repository ------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> dict:
+        if name:
+            if version:
+                versions = [self.manager.get(name, version)]
+            else:
+                entry = self.manager.entries.get(name)
+                if entry is None or not entry.versions:
+                    raise NotFound(f"model '{name}' is not found")
+                versions = list(entry.versions.values())
+        else:
+            versions = [mv for e in self.manager.entries.values() for mv in e.versions.values() if mv.is_ready]
+        return {"model_stats": [mv.stats.to_dict() for mv in sorted(versions, key=lambda m: (m.name, m.version))]}
+
+    def repository_index(self, ready_only: bool = False) -> list[dict]:
+        return self.manager.index(ready_only)
+
+    def _check_model_control(self) -> None:
+        if self.settings.model_control_mode != "explicit":
+            raise Unsupported("explicit model load / unload is not allowed if polling is enabled"
+                              if self.settings.model_control_mode == "poll" else
+                              "explicit model load / unload is not allowed in model control mode 'none'")
+
+    async def load_model(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        self._check_model_control()
+        await self.manager.load(name, config_json, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_model_control()
+        await self.manager.unload(name, unload_dependents)

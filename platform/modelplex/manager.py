@@ -1,0 +1,288 @@
+"""Model lifecycle: read configs, pick versions, load/unload/reload, poll the repository.
+
+Loads never block the event loop (instances are built in threads) and a reload brings new
+versions up before old ones go away, so requests in between keep being served.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import model_config as mc
+from .backend import BackendSpec, ModelContext
+from .errors import InvalidInput, ModelplexError, NotFound, Unavailable
+from .metrics import ServerMetrics
+from .model_version import ModelState, ModelVersion
+from .repository import ModelLocation, ModelRepository, check_name, confined
+from .settings import ServerConfig
+from .stats import ModelStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelEntry:
+    """Everything known about one model name: its live versions and its last load error."""
+
+    name: str
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)  # version -> reason, for the index
+    error: str = ""
+    fingerprint: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    override_dir: Path | None = None
+
+
+class ModelManager:
+    def __init__(self, settings: ServerConfig, backends: dict[str, BackendSpec], metrics: ServerMetrics):
+        self.settings, self.backends, self.metrics = settings, backends, metrics
+        self.repository = ModelRepository(settings.model_repositories)
+        self.entries: dict[str, ModelEntry] = {}
+        self._poll_task: asyncio.Task | None = None
+
+    # ---- lookup -------------------------------------------------------------------------
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The READY version asked for, or the highest READY one when `version` is empty."""
+        entry = self.entries.get(name)
+        if entry is None or not entry.versions:
+            raise NotFound(f"model '{name}' is not found" if entry is None and name not in self._known()
+                           else f"model '{name}' is not ready")
+        if version:
+            if not version.isdigit():
+                raise InvalidInput(f"invalid model version '{version}'")
+            mv = entry.versions.get(int(version))
+            if mv is None:
+                raise NotFound(f"model '{name}' version {version} is not found")
+        else:
+            ready = [v for v in entry.versions.values() if v.is_ready]
+            if not ready:
+                raise Unavailable(f"model '{name}' has no ready version")
+            mv = max(ready, key=lambda v: v.version)
+        return mv
+
+    def _known(self) -> set[str]:
+        try:
+            return set(self.repository.scan())
+        except OSError:
+            return set()
+
+    def is_ready(self) -> bool:
+        """All models that were asked for are READY (what --strict-readiness requires)."""
+        return all(e.versions and not e.error and all(v.is_ready for v in e.versions.values())
+                   for e in self.entries.values())
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        rows = []
+        for name in sorted(self._known() | set(self.entries)):
+            entry = self.entries.get(name)
+            if entry is None or (not entry.versions and not entry.failed):
+                if not ready_only:
+                    rows.append({"name": name} | ({"state": "UNAVAILABLE", "reason": entry.error}
+                                                  if entry and entry.error else {}))
+                continue
+            for version, mv in sorted(entry.versions.items()):
+                if not ready_only or mv.is_ready:
+                    rows.append({"name": name, "version": str(version), "state": mv.state.value,
+                                 "reason": mv.reason or entry.error})
+            if not ready_only:
+                for version, reason in sorted(entry.failed.items()):
+                    if version not in entry.versions:
+                        rows.append({"name": name, "version": str(version), "state": "UNAVAILABLE", "reason": reason})
+        return rows
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        mode = self.settings.model_control_mode
+        names = list(self.repository.scan())
+        if mode == "explicit":
+            wanted = names if "*" in self.settings.load_models else self.settings.load_models
+        else:
+            wanted = names
+        await asyncio.gather(*(self._load_logged(n) for n in wanted))
+        if mode == "poll":
+            self._poll_task = asyncio.create_task(self._poll_loop())
+
+    async def stop(self) -> None:
+        if self._poll_task:
+            self._poll_task.cancel()
+        await asyncio.gather(*(self.unload(n) for n in list(self.entries)), return_exceptions=True)
+
+    async def _load_logged(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except ModelplexError as e:
+            log.error("failed to load model %s: %s", name, e.message)
+
+    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Load or reload `name` (optionally with an overriding config and files, as Triton's load API)."""
+        check_name(name)
+        entry = self.entries.setdefault(name, ModelEntry(name))
+        async with entry.lock:
+            try:
+                location = self._location(name, entry, config_json, files)
+                await self._load_versions(entry, location, config_json)
+            except ModelplexError as e:
+                entry.error = e.message
+                raise
+            except Exception as e:
+                entry.error = f"failed to load '{name}': {e}"
+                log.exception("loading %s", name)
+                raise InvalidInput(entry.error) from e
+
+    def _location(self, name: str, entry: ModelEntry, config_json: str | None,
+                  files: dict[str, bytes] | None) -> ModelLocation:
+        if not files:
+            if entry.override_dir is not None:
+                shutil.rmtree(entry.override_dir, ignore_errors=True)
+                entry.override_dir = None
+            return self.repository.locate(name)
+        if config_json is None:
+            raise InvalidInput("a load request with files must also carry a 'config'")
+        scratch = Path(tempfile.mkdtemp(prefix=f"modelplex-{name}-"))
+        total = 0
+        for rel, content in files.items():
+            total += len(content)
+            if total > self.settings.load_file_max_bytes:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise InvalidInput("files in the load request exceed the size limit")
+            target = confined(scratch, rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        if entry.override_dir is not None:
+            shutil.rmtree(entry.override_dir, ignore_errors=True)
+        entry.override_dir = scratch
+        return ModelLocation(name, scratch)
+
+    async def _load_versions(self, entry: ModelEntry, location: ModelLocation, config_json: str | None) -> None:
+        config = (mc.parse_json(config_json) if config_json is not None
+                  else mc.load_config_file(location.config_path))
+        spec = self._complete(config, location)
+        versions = mc.select_versions(config, location.versions())
+        if not versions:
+            raise InvalidInput(f"model '{entry.name}' has no version folder that its version_policy selects")
+        keep, new = {}, {}
+        for v in versions:
+            fp = location.fingerprint(v) + mc.to_json(config)
+            old = entry.versions.get(v)
+            if old is not None and old.is_ready and old.fingerprint == fp:
+                keep[v] = old
+            else:
+                new[v] = self._new_version(entry.name, v, location, config, spec, fp)
+        results = await asyncio.gather(*(mv.load() for mv in new.values()), return_exceptions=True)
+        failures = {v: r for v, r in zip(new, results) if isinstance(r, BaseException)}
+        if failures:
+            for v, mv in new.items():
+                if v not in failures:
+                    await mv.unload(0)
+                self.metrics.forget(entry.name, str(v))
+            reasons = {v: f"{type(e).__name__}: {e}" if not isinstance(e, ModelplexError) else e.message
+                       for v, e in failures.items()}
+            if not entry.versions:
+                entry.failed = reasons
+            v, reason = next(iter(reasons.items()))
+            raise InvalidInput(f"failed to load '{entry.name}' version {v}: {reason}")
+        old_versions = [mv for v, mv in entry.versions.items() if keep.get(v) is not mv]
+        entry.versions = dict(sorted((keep | new).items()))
+        entry.failed, entry.error = {}, ""
+        entry.fingerprint = location.fingerprint()
+        for mv in old_versions:
+            await self._retire(mv)
+
+    def _complete(self, config, location: ModelLocation) -> BackendSpec:
+        """Fill the config as Triton does without --strict-model-config; returns the backend for it."""
+        if config.name and config.name != location.name:
+            raise InvalidInput(f"config.pbtxt names model '{config.name}' but its folder is '{location.name}'")
+        config.name = location.name
+        spec = self._backend_for(config, location)
+        if not config.backend:
+            config.backend = spec.name
+        if not config.platform and spec.platforms:
+            config.platform = spec.platforms[0]
+        if not config.default_model_filename:
+            config.default_model_filename = spec.default_model_filename
+        if not config.HasField("version_policy"):
+            config.version_policy.latest.num_versions = 1
+        if not config.instance_group:
+            config.instance_group.add(count=1)
+        for i, group in enumerate(config.instance_group):
+            group.name = group.name or f"{config.name}_{i}"
+            group.count = group.count or 1
+        if spec.auto_complete_config is not None and not self.settings.strict_model_config:
+            versions = location.versions()
+            if versions:
+                spec.auto_complete_config(self._context(config.name, versions[-1], location, config))
+        mc.validate(config)
+        return spec
+
+    def _backend_for(self, config, location: ModelLocation) -> BackendSpec:
+        if config.backend:
+            spec = self.backends.get(config.backend)
+            if spec is None:
+                raise InvalidInput(f"model '{config.name}': unknown backend '{config.backend}' "
+                                   f"(installed: {', '.join(sorted(self.backends)) or 'none'})")
+            return spec
+        if config.platform:
+            for spec in self.backends.values():
+                if config.platform in spec.platforms:
+                    return spec
+            raise InvalidInput(f"model '{config.name}': no installed backend serves platform '{config.platform}'")
+        for spec in dict.fromkeys(self.backends.values()):
+            if spec.default_model_filename and any(
+                    (location.path / str(v) / spec.default_model_filename).exists() for v in location.versions()):
+                return spec
+        raise InvalidInput(f"model '{config.name}': config.pbtxt names no backend or platform and no model file "
+                           "of a known backend was found")
+
+    def _context(self, name: str, version: int, location: ModelLocation, config) -> ModelContext:
+        return ModelContext(name=name, version=version, model_path=location.path,
+                            version_path=location.path / str(version), config=config,
+                            parameters=mc.parameters_of(config))
+
+    def _new_version(self, name, version, location, config, spec, fingerprint) -> ModelVersion:
+        ctx = self._context(name, version, location, config)
+        stats = ModelStats(name, str(version), self.metrics.for_model(name, str(version)))
+        return ModelVersion(ctx, spec, stats, fingerprint)
+
+    async def _retire(self, mv: ModelVersion) -> None:
+        await mv.unload(self.settings.unload_timeout_secs)
+        self.metrics.forget(mv.name, str(mv.version))
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        check_name(name)
+        entry = self.entries.get(name)
+        if entry is None:
+            if name not in self._known():
+                raise NotFound(f"model '{name}' is not found")
+            return
+        async with entry.lock:
+            versions, entry.versions = list(entry.versions.values()), {}
+            await asyncio.gather(*(self._retire(mv) for mv in versions))
+            entry.failed = {mv.version: "unloaded" for mv in versions}
+            entry.error = ""
+            if entry.override_dir is not None:
+                shutil.rmtree(entry.override_dir, ignore_errors=True)
+                entry.override_dir = None
+
+    # ---- poll mode ----------------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.repository_poll_secs)
+            try:
+                await self.poll_once()
+            except Exception:  # noqa: BLE001 - polling must survive anything the disk throws at it
+                log.exception("repository poll failed")
+
+    async def poll_once(self) -> None:
+        found = self.repository.scan()
+        for name, location in found.items():
+            entry = self.entries.get(name)
+            if entry is None or (entry.override_dir is None and entry.fingerprint != location.fingerprint()):
+                await self._load_logged(name)
+        for name in list(self.entries):
+            if name not in found and self.entries[name].versions and self.entries[name].override_dir is None:
+                await self.unload(name)

@@ -1,0 +1,155 @@
+"""One loaded model version: its state, its instances, and the request path through them."""
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from typing import AsyncIterator
+
+from .backend import BackendSpec, InstanceContext, ModelContext, ModelInstance
+from .errors import InternalError, ModelplexError, Unavailable
+from .stats import ModelStats
+from .tensors import InferRequest, InferResponse
+from .validation import RequestValidator
+
+log = logging.getLogger(__name__)
+_now = time.perf_counter_ns
+
+
+class ModelState(str, enum.Enum):
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+
+
+class ModelVersion:
+    """A version of a model and its pool of idle instances.
+
+    Invariant: an instance is in `_idle` at most `max_concurrency_per_instance` times, and only
+    while no request holds that slot; `inflight` counts requests admitted and not yet finished.
+    """
+
+    def __init__(self, ctx: ModelContext, spec: BackendSpec, stats: ModelStats, fingerprint: str):
+        self.ctx, self.spec, self.stats, self.fingerprint = ctx, spec, stats, fingerprint
+        self.name, self.version = ctx.name, ctx.version
+        self.config = ctx.config
+        self.state = ModelState.LOADING
+        self.reason = ""
+        self.instances: list[ModelInstance] = []
+        self.validator = RequestValidator(ctx.config)
+        self.decoupled = ctx.config.model_transaction_policy.decoupled
+        self.inflight = 0
+        self._idle: asyncio.Queue[ModelInstance] = asyncio.Queue()
+        self._drained = asyncio.Event()
+
+    async def load(self) -> None:
+        """Create every instance of every instance_group off the event loop."""
+        start = time.perf_counter()
+        for ictx in self._instance_contexts():
+            instance = await asyncio.to_thread(self.spec.create_instance, ictx)
+            self.instances.append(instance)
+            for _ in range(max(1, self.spec.max_concurrency_per_instance)):
+                self._idle.put_nowait(instance)
+        self.stats.metrics.load_duration.set(time.perf_counter() - start)
+        self.state, self.reason = ModelState.READY, ""
+
+    def _instance_contexts(self) -> list[InstanceContext]:
+        from tritonclient.grpc import model_config_pb2 as pb
+
+        contexts = []
+        for group_index, group in enumerate(self.config.instance_group):
+            kind = pb.ModelInstanceGroup.Kind.Name(group.kind).removeprefix("KIND_")
+            gpus = list(group.gpus) or [0]
+            name = group.name or f"{self.name}_{group_index}"
+            for device_id in gpus if kind == "GPU" else [0]:
+                for i in range(max(1, group.count)):
+                    contexts.append(InstanceContext(self.ctx, f"{name}_{i}", len(contexts), kind, device_id))
+        return contexts
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state is ModelState.READY
+
+    def _admit(self) -> None:
+        if self.state is not ModelState.READY:
+            raise Unavailable(f"model '{self.name}' version {self.version} is not ready")
+        self.inflight += 1
+        self.stats.metrics.pending.inc()
+
+    def _release(self) -> None:
+        self.inflight -= 1
+        self.stats.metrics.pending.dec()
+        if self.inflight == 0:
+            self._drained.set()
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        start = _now()
+        batch = self.validator.check(request)
+        self._admit()
+        queue_ns = infer_ns = 0
+        try:
+            instance = await self._idle.get()
+            t_exec = _now()
+            queue_ns = t_exec - start
+            try:
+                responses = await instance.execute([request])
+            finally:
+                self._idle.put_nowait(instance)
+            infer_ns = _now() - t_exec
+            if len(responses) != 1:
+                raise InternalError(f"model '{self.name}' returned {len(responses)} responses for 1 request")
+            response = responses[0]
+            self.stats.record_execution(batch, 0, infer_ns, 0)
+            response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
+            self.stats.record_request(True, _now() - start, queue_ns, 0, infer_ns, 0)
+            return response
+        except ModelplexError:
+            self.stats.record_request(False, _now() - start, queue_ns, 0, infer_ns, 0, "BACKEND")
+            raise
+        except Exception as e:
+            self.stats.record_request(False, _now() - start, queue_ns, 0, infer_ns, 0, "BACKEND")
+            log.exception("model %s version %s failed", self.name, self.version)
+            raise InternalError(f"model '{self.name}' version {self.version} failed: {e}") from e
+        finally:
+            self._release()
+
+    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Responses of a decoupled model as the backend produces them."""
+        start = _now()
+        self.validator.check(request)
+        self._admit()
+        ok = False
+        try:
+            instance = await self._idle.get()
+            queue_ns = _now() - start
+            try:
+                async for response in instance.stream(request):
+                    response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
+                    yield response
+            finally:
+                self._idle.put_nowait(instance)
+            ok = True
+            self.stats.record_execution(1, 0, _now() - start - queue_ns, 0)
+        finally:
+            self.stats.record_request(ok, _now() - start, 0, 0, 0, 0, "BACKEND")
+            self._release()
+
+    async def unload(self, timeout: float) -> None:
+        """Refuse new requests, wait (up to `timeout` s) for in-flight ones, then close instances."""
+        self.state = ModelState.UNLOADING
+        if self.inflight:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout)
+            except asyncio.TimeoutError:
+                log.warning("model %s version %s: %d requests still running after %.0fs; unloading anyway",
+                            self.name, self.version, self.inflight, timeout)
+        for instance in self.instances:
+            try:
+                await instance.close()
+            except Exception:  # noqa: BLE001 - a failing close must not stop the unload
+                log.exception("model %s version %s: close failed", self.name, self.version)
+        self.instances.clear()
+        self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"

@@ -1,0 +1,27 @@
+"""Server-wide settings, named after Triton's command-line flags."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ServerConfig:
+    model_repositories: list[Path] = field(default_factory=list)
+    model_control_mode: str = "none"  # none | explicit | poll
+    load_models: list[str] = field(default_factory=list)  # --load-model, "*" for all
+    repository_poll_secs: float = 15.0
+    strict_readiness: bool = True
+    strict_model_config: bool = False
+    host: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    http_max_body_bytes: int = 64 * 1024 * 1024
+    grpc_max_message_bytes: int = 64 * 1024 * 1024
+    unload_timeout_secs: float = 30.0
+    load_file_max_bytes: int = 512 * 1024 * 1024
+    server_id: str = "modelplex"

@@ -1,0 +1,95 @@
+"""Per model-version statistics in the shape of Triton's statistics extension."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .metrics import ModelMetrics
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class ModelStats:
+    """Counters of one model version; also feeds its Prometheus series."""
+
+    _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+               "cache_hit", "cache_miss")
+
+    def __init__(self, name: str, version: str, metrics: ModelMetrics):
+        self.name, self.version, self.metrics = name, version, metrics
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self.phases = {p: Duration() for p in self._PHASES}
+        self.batches: dict[int, BatchStats] = {}
+
+    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One backend call that served `batch_size` inferences."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        batch = self.batches.get(batch_size)
+        if batch is None:
+            batch = self.batches[batch_size] = BatchStats()
+        batch.compute_input.add(input_ns)
+        batch.compute_infer.add(infer_ns)
+        batch.compute_output.add(output_ns)
+        m = self.metrics
+        m.exec_count.inc()
+        m.count.inc(batch_size)
+
+    def record_request(self, ok: bool, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
+                       output_ns: int, reason: str = "OTHER") -> None:
+        """One client request finished (successfully or not)."""
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        m = self.metrics
+        if ok:
+            p = self.phases
+            p["success"].add(total_ns)
+            p["queue"].add(queue_ns)
+            p["compute_input"].add(input_ns)
+            p["compute_infer"].add(infer_ns)
+            p["compute_output"].add(output_ns)
+            m.success.inc()
+            m.queue_duration.inc(queue_ns / 1000)
+            m.compute_input.inc(input_ns / 1000)
+            m.compute_infer.inc(infer_ns / 1000)
+            m.compute_output.inc(output_ns / 1000)
+        else:
+            self.phases["fail"].add(total_ns)
+            m.failure(reason)
+        m.request_duration.inc(total_ns / 1000)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {p: d.to_dict() for p, d in self.phases.items()},
+            "response_stats": {},
+            "batch_stats": [
+                {"batch_size": size, "compute_input": b.compute_input.to_dict(),
+                 "compute_infer": b.compute_infer.to_dict(), "compute_output": b.compute_output.to_dict()}
+                for size, b in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

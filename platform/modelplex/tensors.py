@@ -1,0 +1,98 @@
+"""KServe v2 request/response objects as the data plane sees them: numpy tensors, no transport."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidInput
+
+# Triton datatype name -> numpy dtype. BYTES tensors are numpy object arrays of `bytes`.
+TRITON_TO_NUMPY: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+NUMPY_TO_TRITON: dict[Any, str] = {np.dtype(v): k for k, v in TRITON_TO_NUMPY.items()}
+
+# config.pbtxt's DataType enum names ("TYPE_FP32") <-> protocol datatype names ("FP32").
+CONFIG_TO_TRITON = {"TYPE_" + k: k for k in TRITON_TO_NUMPY} | {"TYPE_STRING": "BYTES"}
+TRITON_TO_CONFIG = {v: k for k, v in CONFIG_TO_TRITON.items() if k != "TYPE_BYTES"}
+
+
+def datatype_of(array: np.ndarray) -> str:
+    if array.dtype.kind in "SUO":
+        return "BYTES"
+    try:
+        return NUMPY_TO_TRITON[array.dtype]
+    except KeyError:
+        raise InvalidInput(f"unsupported numpy dtype {array.dtype}") from None
+
+
+def numpy_dtype(datatype: str):
+    try:
+        return TRITON_TO_NUMPY[datatype]
+    except KeyError:
+        raise InvalidInput(f"unsupported datatype '{datatype}'") from None
+
+
+@dataclass(slots=True)
+class InferTensor:
+    """A named tensor. `data` is a numpy array of `shape`; BYTES data is an object array of bytes."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_numpy(cls, name: str, array: np.ndarray, **parameters: Any) -> "InferTensor":
+        if array.dtype.kind in "SU":
+            array = np.array([x.encode() if isinstance(x, str) else bytes(x) for x in array.flat],
+                             dtype=np.object_).reshape(array.shape)
+        return cls(name, datatype_of(array), list(array.shape), array, parameters)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One inference request. `outputs` empty means every output of the model."""
+
+    model_name: str
+    inputs: list[InferTensor]
+    model_version: str = ""
+    id: str = ""
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def input(self, name: str) -> InferTensor:
+        for tensor in self.inputs:
+            if tensor.name == name:
+                return tensor
+        raise InvalidInput(f"input '{name}' is missing")
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    outputs: list[InferTensor]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,38 @@
+"""Shared fixtures: the example model repository built once per session, and a server on it."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+from serverproc import ServerProcess  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def example_repo(tmp_path_factory) -> Path:
+    """`simple` and `simple_string` from the example builder (minilm has its own fixture: slower)."""
+    from build_repository import build
+
+    out = tmp_path_factory.mktemp("repo")
+    build(out, ["simple", "simple_string"])
+    return out
+
+
+@pytest.fixture
+def repo_copy(example_repo, tmp_path) -> Path:
+    """A private copy of the example repository that a test may change."""
+    dest = tmp_path / "repo"
+    shutil.copytree(example_repo, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def server(example_repo):
+    """A server in explicit mode with every example model loaded, shared by a test module."""
+    with ServerProcess([example_repo], "--model-control-mode", "explicit", "--load-model", "*") as s:
+        yield s
