@@ -60,7 +60,7 @@ def load(path: str) -> LoadedWeights:
             w = _unpermute(w, config.num_attention_heads)
         elif arch != "qwen2" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
             w = _unpermute(w, config.num_key_value_heads)
-        weights[name] = torch.from_numpy(np.ascontiguousarray(w))
+        weights[name] = torch.from_numpy(np.array(w, dtype=np.float32))  # copy: F32 tensors are read-only mmaps
     return LoadedWeights(config, weights)
 
 

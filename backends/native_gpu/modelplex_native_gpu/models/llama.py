@@ -89,6 +89,7 @@ class LlamaForCausalLM(nn.Module):
 
     def load_weights(self, weights: dict[str, torch.Tensor]):
         """Copy HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...) into the fused parameters."""
+        weights = dict(weights)  # popped as consumed; the caller's dict stays whole
         get = weights.pop
         with torch.no_grad():
             self.embed_tokens.copy_(get("model.embed_tokens.weight"))

@@ -1,0 +1,51 @@
+"""Incremental detokenization: text deltas that never split a multi-byte character, plus stop strings.
+
+Each step decodes a short window of ids twice (up to the last emitted token, and with the new
+ones) and emits the difference; a trailing U+FFFD means an incomplete UTF-8 sequence, so we wait.
+"""
+from __future__ import annotations
+
+_CONTEXT_TOKENS = 5  # prompt tail decoded along, so the first word's leading space survives
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
+                 stop: list[str] = ()):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+        self.stop = list(stop)
+        self.stopped_by: str | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add_tokens(self, token_ids: list[int]) -> str:
+        """Append ids; returns the newly completed text (after truncation at a stop string)."""
+        self.ids.extend(token_ids)
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset:])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        delta = new_text[len(prefix_text):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return self._check_stop(delta)
+
+    def _check_stop(self, delta: str) -> str:
+        """Cut the text before the first stop string that appears (a stop may span earlier deltas)."""
+        old_len = len(self.text)
+        self.text += delta
+        if not self.stop:
+            return delta
+        longest = max(len(s) for s in self.stop)
+        search_from = max(0, old_len - longest + 1)
+        hits = [(self.text.find(s, search_from), s) for s in self.stop]
+        hits = [(pos, s) for pos, s in hits if pos >= 0]
+        if not hits:
+            return delta
+        pos, self.stopped_by = min(hits)
+        self.text = self.text[:pos]
+        return self.text[old_len:] if pos > old_len else ""

@@ -1,0 +1,199 @@
+"""LLMEngine: the in-process engine loop. One step = schedule, run the model, update, emit outputs."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..config import EngineConfig
+from ..errors import InvalidRequestError
+from ..loader import LoadedWeights, load_weights
+from ..loader.tokenizer import load_tokenizer
+from .detokenizer import IncrementalDetokenizer
+from .kv_cache_manager import KVCacheManager
+from .model_runner import ModelRunner, ModelRunnerConfig
+from .outputs import RequestOutput
+from .request import EngineRequest, RequestStatus
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+def _cpu_has_bf16_matmul() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_device_dtype(config: EngineConfig) -> tuple[str, str]:
+    """cuda if available else cpu; bf16 where the hardware multiplies it fast, else fp32."""
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if config.dtype:
+        return device, config.dtype
+    fast_bf16 = device.startswith("cuda") or _cpu_has_bf16_matmul()
+    return device, "bfloat16" if fast_bf16 else "float32"
+
+
+@dataclass
+class _Completion:
+    """Engine-side bookkeeping for one completion (one EngineRequest)."""
+
+    parent_id: str
+    index: int
+    detokenizer: IncrementalDetokenizer | None
+    num_emitted: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, tokenizer=None, loaded: LoadedWeights | None = None):
+        """`tokenizer` and `loaded` (weights) default to loading from config.model."""
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        device, dtype = resolve_device_dtype(config)
+        started = time.perf_counter()
+        loaded = loaded or load_weights(config.model)
+        arch = loaded.config
+        self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, arch.max_position_embeddings)
+        self.runner = ModelRunner(ModelRunnerConfig(device, dtype, config.block_size, self.max_model_len), loaded)
+        self.runner.sampler.generator.manual_seed(config.seed)
+        num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
+        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.max_model_len)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
+        self.eos_token_id = arch.eos_token_id
+        self.vocab_size = arch.vocab_size
+        self._completions: dict[str, _Completion] = {}  # engine request id -> completion
+        self._children: dict[str, list[str]] = {}  # user request id -> engine request ids
+        logger.info("engine ready in %.1fs: %s %s, %d KV blocks of %d tokens, max_model_len %d",
+                    time.perf_counter() - started, device, dtype, num_blocks, config.block_size, self.max_model_len)
+
+    def _kv_budget(self, device: str) -> int:
+        if self.config.kv_cache_memory_bytes is not None:
+            return self.config.kv_cache_memory_bytes
+        if device.startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info()
+            return int(free * self.config.gpu_memory_utilization)
+        return EngineConfig.DEFAULT_CPU_KV_BYTES
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, request_id: str, prompt: str | list[int] | None = None,
+                    sampling_params: SamplingParams | dict | None = None, *, priority: int = 0,
+                    cache_salt=None, detokenize: bool = True) -> None:
+        """Queue a request (a text prompt or token ids). Bad input raises InvalidRequestError naming the field."""
+        if isinstance(sampling_params, dict):
+            sampling_params = SamplingParams.from_dict(sampling_params)
+        params = sampling_params or SamplingParams()
+        prompt_ids = self._prompt_ids(prompt)
+        if request_id in self._children:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        if len(prompt_ids) >= self.max_model_len:
+            raise InvalidRequestError("prompt", f"{len(prompt_ids)} tokens; max_model_len is {self.max_model_len}")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError("max_tokens", f"{params.max_tokens} new tokens after a {len(prompt_ids)}-token "
+                                      f"prompt exceed max_model_len {self.max_model_len}")
+        if detokenize and self.tokenizer is None:
+            detokenize = False
+        ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
+        self._children[request_id] = ids
+        arrival = time.monotonic()
+        for index, rid in enumerate(ids):
+            child = params
+            if params.n > 1:  # each completion samples on its own; a seed still makes the set reproducible
+                child = SamplingParams(**{**params.__dict__, "n": 1,
+                                          "seed": None if params.seed is None else params.seed + index})
+            detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids, child.skip_special_tokens, child.stop)
+                     if detokenize else None)
+            self._completions[rid] = _Completion(request_id, index, detok)
+            self.scheduler.add_request(EngineRequest(rid, prompt_ids, child, self.eos_token_id, priority,
+                                                     cache_salt, arrival))
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("prompt", "text prompts need a tokenizer; pass token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise InvalidRequestError("prompt", f"token ids must be in [0, {self.vocab_size})")
+        else:
+            raise InvalidRequestError("prompt", "must be a string or a list of token ids")
+        if not ids:
+            raise InvalidRequestError("prompt", "is empty")
+        return ids
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now; its blocks return to the pool at once. Unknown ids are ignored."""
+        for rid in self._children.pop(request_id, ()):
+            self.scheduler.finish_request(rid, RequestStatus.FINISHED_ABORTED)
+            self._completions.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------------ the loop
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        sampled = self.runner.execute(out)
+        for request, logprobs in zip(out.requests, sampled.logprobs):
+            if logprobs is not None:
+                request.logprobs.append(logprobs)
+        updated = self.scheduler.update_from_output(out, sampled.token_ids)
+        return [self._make_output(request) for request in updated]
+
+    def _make_output(self, request: EngineRequest) -> RequestOutput:
+        completion = self._completions[request.request_id]
+        new_ids = request.all_token_ids[request.num_prompt_tokens + completion.num_emitted:]
+        completion.num_emitted = request.num_output_tokens
+        delta, text = "", ""
+        detok = completion.detokenizer
+        if detok is not None:
+            delta = detok.add_tokens(new_ids)
+            text = detok.text
+            if detok.stopped_by is not None and not request.is_finished:
+                self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+                request.stop_reason = detok.stopped_by
+        if request.is_finished:
+            self._finish(request.request_id, completion.parent_id)
+        return RequestOutput(
+            request_id=completion.parent_id, index=completion.index, new_token_ids=new_ids, text_delta=delta,
+            token_ids=request.output_token_ids, text=text, finished=request.is_finished,
+            finish_reason=request.finish_reason, stop_reason=request.stop_reason,
+            num_prompt_tokens=request.num_prompt_tokens, num_generated_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            new_logprobs=request.logprobs[-len(new_ids):] if request.logprobs else [])
+
+    def _finish(self, rid: str, parent_id: str):
+        self._completions.pop(rid, None)
+        siblings = self._children.get(parent_id)
+        if siblings is not None and all(s not in self._completions for s in siblings):
+            del self._children[parent_id]
+
+    def generate(self, prompts: list, sampling_params: SamplingParams | None = None) -> list[list[RequestOutput]]:
+        """Offline helper: run prompts to completion; returns the final output of each completion per prompt."""
+        ids = [f"generate-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        for rid, prompt in zip(ids, prompts):
+            self.add_request(rid, prompt, sampling_params)
+        final: dict[str, dict[int, RequestOutput]] = {rid: {} for rid in ids}
+        while self.has_unfinished_requests():
+            for output in self.step():
+                if output.finished and output.request_id in final:
+                    final[output.request_id][output.index] = output
+        return [[final[rid][i] for i in sorted(final[rid])] for rid in ids]
+
+    def stats(self) -> dict:
+        kv = self.kv_cache_manager
+        return {"num_free_blocks": kv.num_free_blocks, "num_blocks": self.runner.num_blocks,
+                "prefix_cache_hit_rate": kv.prefix_cache_hit_rate, "num_preemptions": self.scheduler.num_preemptions}

@@ -1,0 +1,128 @@
+"""ModelRunner: owns the model and the KV cache tensors; turns a SchedulerOutput into one forward pass.
+
+The step's tokens are flattened without padding (decodes first), with positions and slot_mapping
+computed from the block tables. The runner decides nothing: it runs what the scheduler chose.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidConfigError
+from ..layers.attention import AttentionMetadata
+from ..loader import LoadedWeights
+from ..models.llama import LlamaForCausalLM
+from .sampler import Sampler, SamplerOutput
+from .scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelRunnerConfig:
+    device: str
+    dtype: str
+    block_size: int
+    max_model_len: int
+
+
+class ModelRunner:
+    def __init__(self, cfg: ModelRunnerConfig, loaded: LoadedWeights):
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        self.dtype = _DTYPES[cfg.dtype]
+        self.arch = loaded.config
+        self.block_size = cfg.block_size
+        if self.device.type == "cuda":
+            from ..kernels import triton_attention as kernels
+        else:
+            from ..kernels import reference as kernels
+        self.model = LlamaForCausalLM(loaded.config, kernels, max_position=cfg.max_model_len)
+        unused = self.model.load_weights(loaded.weights)
+        if unused:
+            logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[0])
+        self.model.to(device=self.device, dtype=self.dtype)
+        self.model.eval()
+        self.sampler = Sampler(self.device)
+        self.kv_cache: torch.Tensor | None = None
+        self.num_blocks = 0
+
+    @property
+    def bytes_per_block(self) -> int:
+        a = self.arch
+        return 2 * a.num_hidden_layers * self.block_size * a.num_key_value_heads * a.head_dim * self.dtype.itemsize
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in {id(p): p for p in self.model.parameters()}.values())
+
+    def allocate_kv_cache(self, memory_bytes: int) -> int:
+        """Allocate as many blocks as fit in `memory_bytes` (block 0 is the null block)."""
+        num_blocks = memory_bytes // self.bytes_per_block
+        needed = -(-self.cfg.max_model_len // self.block_size) + 1
+        if num_blocks < needed:
+            raise InvalidConfigError(
+                "kv_cache_memory_bytes",
+                f"{memory_bytes} bytes hold {num_blocks} blocks but one sequence of max_model_len="
+                f"{self.cfg.max_model_len} needs {needed} blocks: at least {needed * self.bytes_per_block} bytes "
+                f"(or lower max_model_len)")
+        a = self.arch
+        self.kv_cache = torch.zeros(2, a.num_hidden_layers, num_blocks, self.block_size, a.num_key_value_heads,
+                                    a.head_dim, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.model.layers):
+            layer.self_attn.attn.k_cache = self.kv_cache[0, i]
+            layer.self_attn.attn.v_cache = self.kv_cache[1, i]
+        self.num_blocks = num_blocks
+        return num_blocks
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> SamplerOutput:
+        """Run one step; returns a sampled token for each request whose scheduled tokens reach its end."""
+        input_ids, positions, meta, sample_rows, sample_indices = self._prepare(out)
+        hidden = self.model(input_ids, positions, meta)
+        if not sample_indices:
+            return SamplerOutput.empty(len(out.requests))
+        logits = self.model.compute_logits(hidden[sample_rows])
+        return self.sampler.sample(logits, [out.requests[i] for i in sample_indices], sample_indices,
+                                   len(out.requests))
+
+    def _prepare(self, out: SchedulerOutput):
+        bs, dev = self.block_size, self.device
+        input_ids, starts, lens, sample_rows, sample_indices = [], [], [], [], []
+        num_decodes = 0
+        for request, n in zip(out.requests, out.num_scheduled_tokens):
+            start = request.num_computed_tokens
+            if n == 1 and num_decodes == len(starts):
+                num_decodes += 1
+            input_ids.extend(request.all_token_ids[start:start + n])
+            starts.append(start)
+            lens.append(n)
+            if start + n == request.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+                sample_indices.append(len(starts) - 1)
+        max_blocks = max(len(t) for t in out.block_tables)
+        tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in out.block_tables], dtype=torch.int32)
+        lens_t = torch.tensor(lens)
+        req_index = torch.repeat_interleave(torch.arange(len(lens)), lens_t)
+        cu = torch.zeros(len(lens) + 1, dtype=torch.int64)
+        torch.cumsum(lens_t, 0, out=cu[1:])
+        positions = torch.arange(len(input_ids)) - cu[req_index] + torch.tensor(starts)[req_index]
+        slot_mapping = tables[req_index, positions // bs].long() * bs + positions % bs
+        context_lens = (torch.tensor(starts) + lens_t).to(torch.int32)
+        nd = num_decodes
+        # Decode attention gathers max_decode_blocks blocks per sequence: trim the padding prefills add.
+        max_decode_blocks = -(-int(context_lens[:nd].max()) // bs) if nd else 0
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(dev), num_decode_tokens=nd,
+            decode_block_tables=tables[:nd, :max_decode_blocks].to(dev) if nd else None,
+            decode_context_lens=context_lens[:nd].to(dev) if nd else None,
+            prefill_block_tables=tables[nd:].to(dev),
+            prefill_cu_seqlens_q=(cu[nd:] - cu[nd]).to(torch.int32).to(dev),
+            prefill_context_lens=context_lens[nd:].to(dev),
+            max_prefill_query_len=max(lens[nd:], default=0))
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        return ids, positions.to(dev), meta, torch.tensor(sample_rows, device=dev), sample_indices
