@@ -16,7 +16,6 @@ from pathlib import Path
 from . import model_config as mc
 from .backend import BackendSpec, ModelContext
 from .errors import InvalidInput, ModelplexError, NotFound, Unavailable
-from .metrics import ServerMetrics
 from .model_version import ModelState, ModelVersion
 from .repository import ModelLocation, ModelRepository, check_name, confined
 from .settings import ServerConfig
@@ -39,8 +38,8 @@ class ModelEntry:
 
 
 class ModelManager:
-    def __init__(self, settings: ServerConfig, backends: dict[str, BackendSpec], metrics: ServerMetrics):
-        self.settings, self.backends, self.metrics = settings, backends, metrics
+    def __init__(self, settings: ServerConfig, backends: dict[str, BackendSpec]):
+        self.settings, self.backends = settings, backends
         self.repository = ModelRepository(settings.model_repositories)
         self.entries: dict[str, ModelEntry] = {}
         self._poll_task: asyncio.Task | None = None
@@ -64,6 +63,10 @@ class ModelManager:
                 raise Unavailable(f"model '{name}' has no ready version")
             mv = max(ready, key=lambda v: v.version)
         return mv
+
+    def loaded_stats(self):
+        """Statistics of every live model version (what /metrics exports)."""
+        return [mv.stats for e in list(self.entries.values()) for mv in list(e.versions.values())]
 
     def _known(self) -> set[str]:
         try:
@@ -179,7 +182,6 @@ class ModelManager:
             for v, mv in new.items():
                 if v not in failures:
                     await mv.unload(0)
-                self.metrics.forget(entry.name, str(v))
             reasons = {v: f"{type(e).__name__}: {e}" if not isinstance(e, ModelplexError) else e.message
                        for v, e in failures.items()}
             if not entry.versions:
@@ -245,12 +247,11 @@ class ModelManager:
 
     def _new_version(self, name, version, location, config, spec, fingerprint) -> ModelVersion:
         ctx = self._context(name, version, location, config)
-        stats = ModelStats(name, str(version), self.metrics.for_model(name, str(version)))
+        stats = ModelStats(name, str(version))
         return ModelVersion(ctx, spec, stats, fingerprint)
 
     async def _retire(self, mv: ModelVersion) -> None:
         await mv.unload(self.settings.unload_timeout_secs)
-        self.metrics.forget(mv.name, str(mv.version))
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         check_name(name)

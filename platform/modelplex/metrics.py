@@ -1,62 +1,96 @@
-"""Prometheus metrics with Triton's names, on a registry owned by one server instance."""
+"""Prometheus metrics with Triton's exact names, read from the models' statistics at scrape time.
+
+The request path only adds integers to `ModelStats`; a scrape turns them into Triton's
+`nv_inference_*` families (no `_total` suffix, as Triton prints them). Other metrics (LLM histograms)
+live on a `CollectorRegistry` owned by the server instance and are appended to the same page.
+"""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Iterable
 
-_LABELS = ("model", "version")
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .stats import ModelStats
+
+# (name, type, help, value of one model version's stats)
+_FAMILIES: list[tuple[str, str, str, Callable[[ModelStats], float]]] = [
+    ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes",
+     lambda s: s.phases["success"].count),
+    ("nv_inference_count", "counter", "Number of inferences performed (a batch of n counts n)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count", "counter", "Number of model executions performed (a batch counts once)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us", "counter", "Cumulative inference request duration in microseconds",
+     lambda s: (s.phases["success"].ns + s.phases["fail"].ns) // 1000),
+    ("nv_inference_queue_duration_us", "counter", "Cumulative inference queuing duration in microseconds",
+     lambda s: s.phases["queue"].ns // 1000),
+    ("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration in microseconds",
+     lambda s: s.phases["compute_input"].ns // 1000),
+    ("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration in microseconds",
+     lambda s: s.phases["compute_infer"].ns // 1000),
+    ("nv_inference_compute_output_duration_us", "counter", "Cumulative compute output duration in microseconds",
+     lambda s: s.phases["compute_output"].ns // 1000),
+    ("nv_inference_pending_request_count", "gauge",
+     "Instantaneous number of pending requests awaiting execution per-model", lambda s: s.pending),
+    ("nv_model_load_duration_secs", "gauge", "Model load time in seconds", lambda s: s.load_seconds),
+]
 
 
-class ServerMetrics:
-    """Triton's core `nv_inference_*` family, per model and version, so Triton dashboards work."""
+def _labels(labels: dict[str, str]) -> str:
+    inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+                     for k, v in labels.items())
+    return "{" + inner + "}"
 
-    def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.success = Counter("nv_inference_request_success", "Number of successful inference requests, all batch sizes", _LABELS, registry=r)
-        self.failure = Counter("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", (*_LABELS, "reason"), registry=r)
-        self.count = Counter("nv_inference_count", "Number of inferences performed (a batch of n counts n)", _LABELS, registry=r)
-        self.exec_count = Counter("nv_inference_exec_count", "Number of model executions performed (a batch counts once)", _LABELS, registry=r)
-        self.request_duration = Counter("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached requests)", _LABELS, registry=r)
-        self.queue_duration = Counter("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", _LABELS, registry=r)
-        self.compute_input_duration = Counter("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds", _LABELS, registry=r)
-        self.compute_infer_duration = Counter("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds", _LABELS, registry=r)
-        self.compute_output_duration = Counter("nv_inference_compute_output_duration_us", "Cumulative compute output duration in microseconds", _LABELS, registry=r)
-        self.pending = Gauge("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model", _LABELS, registry=r)
-        self.load_duration = Gauge("nv_model_load_duration_secs", "Model load time in seconds", _LABELS, registry=r)
 
-    def for_model(self, model: str, version: str) -> "ModelMetrics":
-        return ModelMetrics(self, model, version)
+def triton_metrics_text(all_stats: Iterable[ModelStats]) -> str:
+    """Triton's families in Prometheus text format. Written by hand because prometheus_client
+    renames counters to `*_total`, which would break dashboards built on Triton's names."""
+    all_stats = list(all_stats)
+    lines = []
+    for name, kind, doc, read in _FAMILIES:
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
+        lines += [f"{name}{_labels({'model': s.name, 'version': s.version})} {float(read(s))}" for s in all_stats]
+    name = "nv_inference_request_failure"
+    lines += [f"# HELP {name} Number of failed inference requests, all batch sizes", f"# TYPE {name} counter"]
+    for s in all_stats:
+        for reason, count in sorted(s.failures.items()):
+            lines.append(f"{name}{_labels({'model': s.name, 'reason': reason, 'version': s.version})} {float(count)}")
+    return "\n".join(lines) + "\n"
 
-    def forget(self, model: str, version: str) -> None:
-        """Drop a model version's series when it is unloaded, as Triton does."""
-        for metric in (self.success, self.count, self.exec_count, self.request_duration, self.queue_duration,
-                       self.compute_input_duration, self.compute_infer_duration, self.compute_output_duration,
-                       self.pending, self.load_duration):
-            try:
-                metric.remove(model, version)
-            except KeyError:
+
+class MetricsServer:
+    """`GET /metrics` on its own port: Triton's families plus whatever is in `registry` (histograms etc.)."""
+
+    def __init__(self, host: str, port: int, stats_source: Callable[[], Iterable[ModelStats]],
+                 registry: CollectorRegistry):
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's naming
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                body = outer.render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
                 pass
-        for labels in list(self.failure._metrics):  # noqa: SLF001 - no public way to list children
-            if labels[:2] == (model, version):
-                self.failure.remove(*labels)
 
+        self.stats_source, self.registry = stats_source, registry
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_port
+        threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True).start()
 
-class ModelMetrics:
-    """Label children resolved once per model version: the hot path only adds numbers."""
+    def render(self) -> str:
+        return triton_metrics_text(self.stats_source()) + generate_latest(self.registry).decode()
 
-    def __init__(self, m: ServerMetrics, model: str, version: str):
-        labels = (model, version)
-        self._m, self._labels = m, labels
-        self.success = m.success.labels(*labels)
-        self.count = m.count.labels(*labels)
-        self.exec_count = m.exec_count.labels(*labels)
-        self.request_duration = m.request_duration.labels(*labels)
-        self.queue_duration = m.queue_duration.labels(*labels)
-        self.compute_input = m.compute_input_duration.labels(*labels)
-        self.compute_infer = m.compute_infer_duration.labels(*labels)
-        self.compute_output = m.compute_output_duration.labels(*labels)
-        self.pending = m.pending.labels(*labels)
-        self.load_duration = m.load_duration.labels(*labels)
-
-    def failure(self, reason: str) -> None:
-        self._m.failure.labels(*self._labels, reason).inc()
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -52,7 +52,7 @@ class ModelVersion:
             self.instances.append(instance)
             for _ in range(max(1, self.spec.max_concurrency_per_instance)):
                 self._idle.put_nowait(instance)
-        self.stats.metrics.load_duration.set(time.perf_counter() - start)
+        self.stats.load_seconds = time.perf_counter() - start
         self.state, self.reason = ModelState.READY, ""
 
     def _instance_contexts(self) -> list[InstanceContext]:
@@ -76,17 +76,24 @@ class ModelVersion:
         if self.state is not ModelState.READY:
             raise Unavailable(f"model '{self.name}' version {self.version} is not ready")
         self.inflight += 1
-        self.stats.metrics.pending.inc()
+        self.stats.pending += 1
 
     def _release(self) -> None:
         self.inflight -= 1
-        self.stats.metrics.pending.dec()
+        self.stats.pending -= 1
         if self.inflight == 0:
             self._drained.set()
 
+    def _check(self, request: InferRequest, start: int) -> int:
+        try:
+            return self.validator.check(request)
+        except ModelplexError:
+            self.stats.record_request(False, _now() - start, 0, 0, 0, 0, "OTHER")
+            raise
+
     async def infer(self, request: InferRequest) -> InferResponse:
         start = _now()
-        batch = self.validator.check(request)
+        batch = self._check(request, start)
         self._admit()
         queue_ns = infer_ns = 0
         try:
@@ -118,7 +125,7 @@ class ModelVersion:
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """Responses of a decoupled model as the backend produces them."""
         start = _now()
-        self.validator.check(request)
+        self._check(request, start)
         self._admit()
         ok = False
         try:

@@ -8,9 +8,11 @@ import signal
 import socket
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from .dataplane import DataPlane
 from .manager import ModelManager
-from .metrics import ServerMetrics
+from .metrics import MetricsServer
 from .plugins import collect_backends, create_plugin_manager
 from .settings import ServerConfig
 
@@ -31,8 +33,8 @@ class Server:
     def __init__(self, settings: ServerConfig, plugin_manager=None):
         self.settings = settings
         self.pm = plugin_manager or create_plugin_manager()
-        self.metrics = ServerMetrics()
-        self.manager = ModelManager(settings, collect_backends(self.pm), self.metrics)
+        self.manager = ModelManager(settings, collect_backends(self.pm))
+        self.registry = CollectorRegistry()  # this instance's own; never the global one
         self.dataplane = DataPlane(settings, self.manager)
         self.ports: dict[str, int] = {}
         self._http = self._grpc = self._metrics_httpd = None
@@ -49,10 +51,8 @@ class Server:
             self._grpc, self.ports["grpc"] = create_grpc_server(self.dataplane, s)
             await self._grpc.start()
         if s.allow_metrics:
-            from prometheus_client import start_http_server
-
-            self._metrics_httpd, _ = start_http_server(s.metrics_port, s.host, registry=self.metrics.registry)
-            self.ports["metrics"] = self._metrics_httpd.server_port
+            self._metrics_httpd = MetricsServer(s.host, s.metrics_port, self.manager.loaded_stats, self.registry)
+            self.ports["metrics"] = self._metrics_httpd.port
         await self.manager.start()
         log.info("modelplex ready: %s", self.ports)
 
@@ -80,7 +80,7 @@ class Server:
             await self._http_task
         await self.manager.stop()
         if self._metrics_httpd is not None:
-            self._metrics_httpd.shutdown()
+            self._metrics_httpd.close()
 
 
 async def serve(settings: ServerConfig, port_file: Path | None = None) -> None:

@@ -1,10 +1,9 @@
-"""Per model-version statistics in the shape of Triton's statistics extension."""
+"""Per model-version statistics in the shape of Triton's statistics extension (also read by /metrics)."""
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
-
-from .metrics import ModelMetrics
 
 
 @dataclass(slots=True)
@@ -28,17 +27,20 @@ class BatchStats:
 
 
 class ModelStats:
-    """Counters of one model version; also feeds its Prometheus series."""
+    """Counters of one model version. Plain integers: the request path must stay cheap."""
 
     _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
                "cache_hit", "cache_miss")
 
-    def __init__(self, name: str, version: str, metrics: ModelMetrics):
-        self.name, self.version, self.metrics = name, version, metrics
+    def __init__(self, name: str, version: str):
+        self.name, self.version = name, version
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
+        self.pending = 0
+        self.load_seconds = 0.0
         self.phases = {p: Duration() for p in self._PHASES}
+        self.failures: dict[str, int] = defaultdict(int)
         self.batches: dict[int, BatchStats] = {}
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
@@ -51,31 +53,21 @@ class ModelStats:
         batch.compute_input.add(input_ns)
         batch.compute_infer.add(infer_ns)
         batch.compute_output.add(output_ns)
-        m = self.metrics
-        m.exec_count.inc()
-        m.count.inc(batch_size)
 
     def record_request(self, ok: bool, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
                        output_ns: int, reason: str = "OTHER") -> None:
-        """One client request finished (successfully or not)."""
+        """One client request finished (successfully or not); failures count per Triton reason."""
         self.last_inference_ms = time.time_ns() // 1_000_000
-        m = self.metrics
+        p = self.phases
         if ok:
-            p = self.phases
             p["success"].add(total_ns)
             p["queue"].add(queue_ns)
             p["compute_input"].add(input_ns)
             p["compute_infer"].add(infer_ns)
             p["compute_output"].add(output_ns)
-            m.success.inc()
-            m.queue_duration.inc(queue_ns / 1000)
-            m.compute_input.inc(input_ns / 1000)
-            m.compute_infer.inc(infer_ns / 1000)
-            m.compute_output.inc(output_ns / 1000)
         else:
-            self.phases["fail"].add(total_ns)
-            m.failure(reason)
-        m.request_duration.inc(total_ns / 1000)
+            p["fail"].add(total_ns)
+            self.failures[reason] += 1
 
     def to_dict(self) -> dict:
         return {

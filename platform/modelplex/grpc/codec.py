@@ -1,0 +1,181 @@
+"""Tensor codec: Triton's gRPC `ModelInferRequest` -> `InferRequest`, and `InferResponse` -> `ModelInferResponse`.
+
+Inputs come as `raw_input_contents` (little-endian bytes; BYTES elements each prefixed by a 4-byte
+little-endian length) or as typed `contents`; outputs always go back as `raw_output_contents`, as Triton does.
+"""
+from __future__ import annotations
+
+import numbers
+import struct
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from ..errors import InvalidInput, Unsupported
+from ..tensors import TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput
+
+# The wire is little-endian; on a little-endian host these equal the native dtypes (no byte swapping).
+WIRE_DTYPES = {name: np.dtype(t).newbyteorder("<") for name, t in TRITON_TO_NUMPY.items() if name != "BYTES"}
+
+# Which `InferTensorContents` field carries each datatype (FP16 has none: raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
+    "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+_LENGTH = struct.Struct("<I")
+_INT64_MAX = 2**63 - 1
+
+
+# ---- requests -----------------------------------------------------------------------------
+def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise InvalidInput(f"raw_input_contents must hold one entry per input: got {len(raw)} "
+                           f"for {len(msg.inputs)} inputs")
+    inputs = [decode_tensor(t, raw[i] if raw else None) for i, t in enumerate(msg.inputs)]
+    outputs = [RequestedOutput(o.name, decode_parameters(o.parameters)) for o in msg.outputs]
+    return InferRequest(msg.model_name, inputs, msg.model_version, msg.id, outputs,
+                        decode_parameters(msg.parameters))
+
+
+def decode_parameters(params) -> dict:
+    """A map of `InferParameter` (a oneof) -> plain Python values."""
+    if not params:
+        return {}
+    return {key: getattr(p, p.WhichOneof("parameter_choice") or "string_param") for key, p in params.items()}
+
+
+def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> InferTensor:
+    if "shared_memory_region" in t.parameters:
+        raise Unsupported(f"input '{t.name}': shared memory inputs are not supported")
+    shape = list(t.shape)
+    count = 1
+    for d in shape:
+        if d < 0:
+            raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape}")
+        count *= d
+    datatype = t.datatype
+    if raw is not None:
+        if t.HasField("contents"):
+            raise InvalidInput(f"input '{t.name}' carries both raw_input_contents and typed contents")
+        data = _from_raw(t.name, datatype, raw, count)
+    elif t.HasField("contents"):
+        data = _from_contents(t.name, datatype, t.contents, count)
+    elif count == 0:
+        data = _from_raw(t.name, datatype, b"", 0)
+    else:
+        raise InvalidInput(f"input '{t.name}' has no data: set raw_input_contents or contents")
+    return InferTensor(t.name, datatype, shape, data.reshape(shape), decode_parameters(t.parameters))
+
+
+def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
+    if datatype == "BYTES":
+        return _split_bytes(name, raw, count)
+    dtype = WIRE_DTYPES.get(datatype)
+    if dtype is None:
+        raise InvalidInput(f"input '{name}' has unsupported datatype '{datatype}'")
+    if len(raw) != count * dtype.itemsize:
+        raise InvalidInput(f"unexpected total byte size {len(raw)} for input '{name}', "
+                           f"expecting {count * dtype.itemsize}")
+    # A read-only view of the message's bytes: no copy on the hot path.
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def _split_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
+    items = np.empty(count, dtype=np.object_)
+    offset, end = 0, len(raw)
+    for i in range(count):
+        if offset + 4 > end:
+            raise InvalidInput(f"input '{name}' holds fewer than the {count} BYTES elements its shape needs")
+        (size,) = _LENGTH.unpack_from(raw, offset)
+        offset += 4
+        if offset + size > end:
+            raise InvalidInput(f"input '{name}': BYTES element {i} claims {size} bytes but only "
+                               f"{end - offset} remain")
+        items[i] = raw[offset:offset + size]
+        offset += size
+    if offset != end:
+        raise InvalidInput(f"input '{name}' has {end - offset} bytes beyond its {count} BYTES elements")
+    return items
+
+
+def _from_contents(name: str, datatype: str, contents: pb.InferTensorContents, count: int) -> np.ndarray:
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInput(f"input '{name}': datatype '{datatype}' can only be sent in raw_input_contents"
+                           if datatype in WIRE_DTYPES else f"input '{name}' has unsupported datatype '{datatype}'")
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidInput(f"unexpected number of elements {len(values)} in {field} of input '{name}', "
+                           f"expecting {count}")
+    if datatype == "BYTES":
+        items = np.empty(count, dtype=np.object_)
+        items[:] = list(values)
+        return items
+    try:
+        return np.fromiter(values, dtype=WIRE_DTYPES[datatype], count=count)
+    except OverflowError:
+        raise InvalidInput(f"input '{name}': a value in {field} does not fit datatype {datatype}") from None
+
+
+# ---- responses ----------------------------------------------------------------------------
+def encode_response(response: InferResponse) -> pb.ModelInferResponse:
+    msg = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id,
+        outputs=[_output_header(t) for t in response.outputs],
+        raw_output_contents=[tensor_bytes(t) for t in response.outputs])
+    if response.parameters:
+        encode_parameters(msg.parameters, response.parameters)
+    return msg
+
+
+def _output_header(t: InferTensor) -> pb.ModelInferResponse.InferOutputTensor:
+    header = pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.data.shape)
+    if t.parameters:
+        encode_parameters(header.parameters, t.parameters)
+    return header
+
+
+def tensor_bytes(t: InferTensor) -> bytes:
+    """The raw wire bytes of one tensor (C order, little-endian, BYTES length-prefixed)."""
+    data = t.data
+    if t.datatype == "BYTES":
+        return _join_bytes(data)
+    dtype = WIRE_DTYPES.get(t.datatype)
+    if dtype is None:
+        raise InvalidInput(f"output '{t.name}' has unsupported datatype '{t.datatype}'")
+    if data.dtype != dtype:
+        data = data.astype(dtype)
+    return data.tobytes()
+
+
+def _join_bytes(data: np.ndarray) -> bytes:
+    parts = []
+    for item in data.flat:
+        # Same rule as tritonclient's serialize_byte_tensor: bytes as they are, anything else as UTF-8 text.
+        if not isinstance(item, bytes):
+            item = item.encode() if isinstance(item, str) else str(item).encode()
+        parts.append(_LENGTH.pack(len(item)))
+        parts.append(item)
+    return b"".join(parts)
+
+
+def encode_parameters(target, params: dict) -> None:
+    """Plain Python values -> a protobuf map of `InferParameter`."""
+    for key, value in params.items():
+        p = target[key]
+        if isinstance(value, (bool, np.bool_)):
+            p.bool_param = bool(value)
+        elif isinstance(value, numbers.Integral):
+            if value > _INT64_MAX:
+                p.uint64_param = int(value)
+            else:
+                p.int64_param = int(value)
+        elif isinstance(value, numbers.Real):
+            p.double_param = float(value)
+        else:
+            p.string_param = value if isinstance(value, str) else str(value)
