@@ -1,0 +1,39 @@
+"""Builds the grpc.aio server: Triton's inference service plus health checking, bound to the configured port."""
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from ..dataplane import DataPlane
+from ..settings import ServerConfig
+from .health import HealthServicer
+from .servicer import InferenceServicer
+
+
+def server_options(settings: ServerConfig) -> list[tuple[str, int]]:
+    size = settings.grpc_max_message_bytes
+    return [
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+        # A second server on the same fixed port must fail to bind, not share it silently.
+        ("grpc.so_reuseport", 0),
+        # Ping idle connections every minute so dead peers (NAT, crashed clients) are dropped...
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        # ...and accept clients' own keepalive pings (every 10 s or slower) even between calls.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+def create_grpc_server(dataplane: DataPlane, settings: ServerConfig) -> tuple[grpc.aio.Server, int]:
+    """An unstarted server and the port it bound (the real one when `settings.grpc_port` is 0)."""
+    server = grpc.aio.server(options=server_options(settings))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), server)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    if port == 0:
+        raise RuntimeError(f"gRPC could not bind {host}:{settings.grpc_port}")
+    return server, port

@@ -1,0 +1,145 @@
+"""`inference.GRPCInferenceService` on top of the DataPlane: every RPC only translates messages."""
+from __future__ import annotations
+
+import asyncio
+
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from ..dataplane import DataPlane
+from ..errors import InvalidInput
+from .codec import decode_request, encode_response
+from .status import error_message, guarded, unimplemented
+
+# Triton's stream parameters: the client asks for an empty last response; every response says if it is the last.
+ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL_RESPONSE = "triton_final_response"
+FILE_PREFIX = "file:"
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: DataPlane):
+        self.dataplane = dataplane
+
+    # ---- health and metadata ------------------------------------------------------------
+    @guarded
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.dataplane.live())
+
+    @guarded
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    @guarded
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.dataplane.model_ready(request.name, request.version))
+
+    @guarded
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(**self.dataplane.metadata())
+
+    @guarded
+    async def ModelMetadata(self, request, context):
+        metadata = self.dataplane.model_metadata(request.name, request.version)
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+
+    @guarded
+    async def ModelConfig(self, request, context):
+        return pb.ModelConfigResponse(config=self.dataplane.model_config(request.name, request.version))
+
+    # ---- inference ----------------------------------------------------------------------
+    @guarded
+    async def ModelInfer(self, request, context):
+        return encode_response(await self.dataplane.infer(decode_request(request)))
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests are served concurrently; responses go out as they come, errors as `error_message`."""
+        outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_stream(request_iterator, outbox))
+        try:
+            while (item := await outbox.get()) is not None:
+                yield item
+            await reader  # surfaces a broken request stream as the call's error
+        finally:
+            reader.cancel()
+
+    async def _read_stream(self, request_iterator, outbox: asyncio.Queue) -> None:
+        tasks: set[asyncio.Task] = set()
+        try:
+            async for msg in request_iterator:
+                task = asyncio.create_task(self._stream_one(msg, outbox))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            outbox.put_nowait(None)
+
+    async def _stream_one(self, msg: pb.ModelInferRequest, outbox: asyncio.Queue) -> None:
+        try:
+            request = decode_request(msg)
+            version = request.model_version
+            async for response in self.dataplane.stream(request):
+                version = response.model_version
+                infer_response = encode_response(response)
+                infer_response.parameters[FINAL_RESPONSE].bool_param = False
+                outbox.put_nowait(pb.ModelStreamInferResponse(infer_response=infer_response))
+            if request.parameters.get(ENABLE_EMPTY_FINAL):
+                final = pb.ModelInferResponse(model_name=request.model_name, model_version=version, id=request.id)
+                final.parameters[FINAL_RESPONSE].bool_param = True
+                outbox.put_nowait(pb.ModelStreamInferResponse(infer_response=final))
+        except Exception as e:  # noqa: BLE001 - one failed request must not end the stream
+            outbox.put_nowait(pb.ModelStreamInferResponse(error_message=error_message(e)))
+
+    # ---- statistics and repository ------------------------------------------------------
+    @guarded
+    async def ModelStatistics(self, request, context):
+        stats = self.dataplane.statistics(request.name, request.version)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+
+    @guarded
+    async def RepositoryIndex(self, request, context):
+        rows = self.dataplane.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows])
+
+    @guarded
+    async def RepositoryModelLoad(self, request, context):
+        config, files = load_parameters(request.parameters)
+        await self.dataplane.load_model(request.model_name, config, files or None)
+        return pb.RepositoryModelLoadResponse()
+
+    @guarded
+    async def RepositoryModelUnload(self, request, context):
+        param = request.parameters.get("unload_dependents")
+        await self.dataplane.unload_model(request.model_name, bool(param and param.bool_param))
+        return pb.RepositoryModelUnloadResponse()
+
+    # ---- not offered --------------------------------------------------------------------
+    SystemSharedMemoryStatus = unimplemented("system shared memory")
+    SystemSharedMemoryRegister = unimplemented("system shared memory")
+    SystemSharedMemoryUnregister = unimplemented("system shared memory")
+    CudaSharedMemoryStatus = unimplemented("CUDA shared memory")
+    CudaSharedMemoryRegister = unimplemented("CUDA shared memory")
+    CudaSharedMemoryUnregister = unimplemented("CUDA shared memory")
+    TraceSetting = unimplemented("trace settings over gRPC")
+    LogSettings = unimplemented("log settings over gRPC")
+
+
+def load_parameters(params) -> tuple[str | None, dict[str, bytes]]:
+    """A load request's `config` (JSON text) and `file:<path>` contents, as tritonclient's load_model sends them."""
+    config, files = None, {}
+    for key, p in params.items():
+        kind = p.WhichOneof("parameter_choice")
+        if key == "config":
+            if kind != "string_param":
+                raise InvalidInput("load parameter 'config' must be a string holding the model config JSON")
+            config = p.string_param
+        elif key.startswith(FILE_PREFIX):
+            if kind != "bytes_param":
+                raise InvalidInput(f"load parameter '{key}' must carry the file's bytes (bytes_param)")
+            files[key[len(FILE_PREFIX):]] = p.bytes_param
+        else:
+            raise InvalidInput(f"unrecognized load parameter '{key}' (expected 'config' or 'file:<path>')")
+    return config, files
