@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from ..errors import InvalidInput
+from ..errors import InternalError, InvalidInput
 from ..tensors import TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput
 
 _U32 = struct.Struct("<I")
@@ -163,12 +163,24 @@ def _from_json(name: str, datatype: str, data, count: int) -> np.ndarray:
     if count == 0:
         return np.empty(0, dtype)
     kind = array.dtype.kind
+    if kind in "fO" and dtype.kind in "iu":
+        # numpy infers floats (or objects) for integers beyond int64 mixed with others: check each value
+        return _exact_integers(name, datatype, np.array(data, dtype=np.object_).reshape(-1), dtype, kind)
     if kind not in _JSON_KINDS[datatype]:
         raise InvalidInput(f"input '{name}' has datatype {datatype} but 'data' holds {_KIND_NAMES.get(kind, kind)}")
     converted = array.astype(dtype).reshape(-1)
     if kind in "iu" and dtype.kind != "f" and not np.array_equal(converted, array.reshape(-1)):
         raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}")
     return converted
+
+
+def _exact_integers(name: str, datatype: str, values: np.ndarray, dtype: np.dtype, kind: str) -> np.ndarray:
+    if any(type(v) is not int for v in values):
+        raise InvalidInput(f"input '{name}' has datatype {datatype} but 'data' holds {_KIND_NAMES[kind]}")
+    try:
+        return np.array(values.tolist(), dtype=dtype)
+    except OverflowError:
+        raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}") from None
 
 
 def _json_strings(name: str, data: list, count: int) -> np.ndarray:
@@ -250,7 +262,7 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
     try:
         head = orjson.dumps(header, option=_OPT)
     except TypeError as e:
-        raise InvalidInput(f"the response cannot be written as JSON: {e}") from None
+        raise InternalError(f"the response cannot be written as JSON: {e}") from None
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)

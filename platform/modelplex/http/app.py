@@ -1,0 +1,41 @@
+"""Builds the HTTP front door: Triton's KServe v2 routes, plugin routers, and the fast infer path."""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI
+
+from ..dataplane import DataPlane
+from ..settings import ServerConfig
+from .errors import install_error_handlers
+from .infer import INFER_PATH, InferEndpoint
+from .routes import create_router
+
+log = logging.getLogger(__name__)
+
+
+class FrontDoor:
+    """The ASGI app uvicorn serves: infer requests go straight to `InferEndpoint`, everything else
+    (including an infer path with the wrong method) to the FastAPI app."""
+
+    def __init__(self, app: FastAPI, infer: InferEndpoint):
+        self.app, self.infer = app, infer
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = INFER_PATH.fullmatch(scope["path"])
+            if match is not None:
+                await self.infer(scope, receive, send, match[1], match[2])
+                return
+        await self.app(scope, receive, send)
+
+
+def create_http_app(dataplane: DataPlane, settings: ServerConfig, pm=None) -> FrontDoor:
+    app = FastAPI(title="modelplex", openapi_url=None, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    app.include_router(create_router(dataplane, settings))
+    if pm is not None:
+        for routers in pm.hook.modelplex_http_routers(dataplane=dataplane):
+            for router in routers or ():
+                app.include_router(router)
+    return FrontDoor(app, InferEndpoint(dataplane, settings))
