@@ -105,10 +105,9 @@ def sum_difference_model(as_strings: bool):
     return model
 
 
-def _build_simple(folder: Path, as_strings: bool) -> None:
+def _build_simple(folder: Path, name: str, as_strings: bool) -> None:
     import onnx
 
-    name = folder.name
     (folder / "1").mkdir(parents=True)
     onnx.save(sum_difference_model(as_strings), str(folder / "1" / "model.onnx"))
     dtype = "TYPE_STRING" if as_strings else "TYPE_INT32"
@@ -169,8 +168,8 @@ def _mean_pooled_encoder(bert):
 
 
 BUILDERS = {
-    "simple": lambda folder: _build_simple(folder, as_strings=False),
-    "simple_string": lambda folder: _build_simple(folder, as_strings=True),
+    "simple": lambda folder: _build_simple(folder, "simple", as_strings=False),
+    "simple_string": lambda folder: _build_simple(folder, "simple_string", as_strings=True),
     "minilm": _build_minilm,
 }
 

@@ -1,0 +1,1 @@
+"""The ONNX Runtime backend for modelplex (`backend: "onnxruntime"`, platform `onnxruntime_onnx`)."""

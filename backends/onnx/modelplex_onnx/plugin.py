@@ -1,0 +1,23 @@
+"""Declares the ONNX Runtime backend to modelplex. onnxruntime is imported only when a model loads."""
+from __future__ import annotations
+
+from modelplex import BackendSpec, InstanceContext, ModelContext, ModelInstance, hookimpl
+
+
+def _create_instance(ictx: InstanceContext) -> ModelInstance:
+    from .instance import OnnxInstance
+
+    return OnnxInstance(ictx)
+
+
+def _auto_complete_config(ctx: ModelContext) -> None:
+    from .autocomplete import auto_complete_config
+
+    auto_complete_config(ctx)
+
+
+@hookimpl
+def modelplex_backends():
+    return [BackendSpec(name="onnx", aliases=("onnxruntime",), platforms=("onnxruntime_onnx",),
+                        default_model_filename="model.onnx", create_instance=_create_instance,
+                        auto_complete_config=_auto_complete_config)]
