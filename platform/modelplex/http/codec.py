@@ -83,13 +83,15 @@ def _decode_input(item, view: memoryview, offset: int, size: int) -> tuple[Infer
         raise InvalidInput("an input has no 'name' string")
     if type(datatype) is not str:
         raise InvalidInput(f"input '{name}' has no 'datatype' string")
-    if type(shape) is not list or any(type(d) is not int or d < 0 for d in shape):
+    if type(shape) is not list:
         raise InvalidInput(f"input '{name}' needs a 'shape' list of non-negative integers, got {shape!r}")
-    if datatype != "BYTES" and datatype not in _WIRE_DTYPES:
-        raise InvalidInput(f"input '{name}' has unsupported datatype '{datatype}'")
     count = 1
     for d in shape:
+        if type(d) is not int or d < 0:
+            raise InvalidInput(f"input '{name}' needs a 'shape' list of non-negative integers, got {shape!r}")
         count *= d
+    if datatype != "BYTES" and datatype not in _WIRE_DTYPES:
+        raise InvalidInput(f"input '{name}' has unsupported datatype '{datatype}'")
     parameters = _dict(item.get("parameters"), f"input '{name}' parameters")
     if "shared_memory_region" in parameters:
         raise InvalidInput(f"input '{name}': shared memory inputs are not supported over this server's HTTP API")
@@ -168,10 +170,12 @@ def _from_json(name: str, datatype: str, data, count: int) -> np.ndarray:
         return _exact_integers(name, datatype, np.array(data, dtype=np.object_).reshape(-1), dtype, kind)
     if kind not in _JSON_KINDS[datatype]:
         raise InvalidInput(f"input '{name}' has datatype {datatype} but 'data' holds {_KIND_NAMES.get(kind, kind)}")
-    converted = array.astype(dtype).reshape(-1)
-    if kind in "iu" and dtype.kind != "f" and not np.array_equal(converted, array.reshape(-1)):
-        raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}")
-    return converted
+    if dtype.kind in "iu":  # converting from the Python ints again is what checks each value's range
+        try:
+            return np.array(data, dtype=dtype).reshape(-1)
+        except OverflowError:
+            raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}") from None
+    return array.astype(dtype).reshape(-1)
 
 
 def _exact_integers(name: str, datatype: str, values: np.ndarray, dtype: np.dtype, kind: str) -> np.ndarray:

@@ -34,7 +34,8 @@ class InferEndpoint:
         try:
             body = await read_body(receive, headers.get(b"content-length"), headers.get(b"content-encoding"),
                                    self.max_body_bytes)
-            status, response_headers, payload = 200, await self._infer(body, headers, model, version or "")
+            response_headers, payload = await self._infer(body, headers, model, version or "")
+            status = 200
         except ClientGone:
             return
         except ModelplexError as e:
