@@ -9,6 +9,7 @@ import argparse
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 MODELS = ("simple", "simple_string", "minilm")
@@ -127,7 +128,9 @@ def _build_minilm(folder: Path) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()
     source = minilm_source()
     # The eager attention traces to plain ONNX ops; the legacy exporter is much faster than dynamo.
     bert = AutoModel.from_pretrained(source, attn_implementation="eager").eval()
@@ -135,7 +138,12 @@ def _build_minilm(folder: Path) -> None:
     version.mkdir(parents=True)
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])
     mask = (ids != 0).long()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # The legacy exporter's deprecation notice, and a tracer warning about transformers' padding
+        # check: its kv length always equals the mask length here, so the traced constant holds.
+        warnings.simplefilter("ignore", category=DeprecationWarning)
+        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message="Exporting aten::index operator")
         torch.onnx.export(_mean_pooled_encoder(bert), (ids, mask), str(version / "model.onnx"),
                           input_names=["input_ids", "attention_mask"],
                           output_names=["last_hidden_state", "embeddings"],
