@@ -136,10 +136,10 @@ def load_parameters(params) -> tuple[str | None, dict[str, bytes]]:
             if kind != "string_param":
                 raise InvalidInput("load parameter 'config' must be a string holding the model config JSON")
             config = p.string_param
-        elif key.startswith(FILE_PREFIX):
+        elif key.startswith(FILE_PREFIX) and len(key) > len(FILE_PREFIX):
             if kind != "bytes_param":
                 raise InvalidInput(f"load parameter '{key}' must carry the file's bytes (bytes_param)")
             files[key[len(FILE_PREFIX):]] = p.bytes_param
         else:
-            raise InvalidInput(f"unrecognized load parameter '{key}' (expected 'config' or 'file:<path>')")
+            raise InvalidInput(f"unknown load parameter '{key}' (expected 'config' or 'file:<path>')")
     return config, files
