@@ -15,17 +15,20 @@ log = logging.getLogger(__name__)
 
 
 class FrontDoor:
-    """The ASGI app uvicorn serves: infer requests go straight to `InferEndpoint`, everything else
-    (including an infer path with the wrong method) to the FastAPI app."""
+    """The ASGI app uvicorn serves: infer paths go straight to `InferEndpoint`, everything else to
+    the FastAPI app."""
 
     def __init__(self, app: FastAPI, infer: InferEndpoint):
         self.app, self.infer = app, infer
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
             match = INFER_PATH.fullmatch(scope["path"])
             if match is not None:
-                await self.infer(scope, receive, send, match[1], match[2])
+                if scope["method"] == "POST":
+                    await self.infer(scope, receive, send, match[1], match[2])
+                else:
+                    await self.infer.refuse_method(scope, send)
                 return
         await self.app(scope, receive, send)
 

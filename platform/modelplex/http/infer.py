@@ -46,9 +46,11 @@ class InferEndpoint:
         except Exception as e:  # noqa: BLE001 - one bad request must not take the connection down
             log.exception("infer on model %s failed", model)
             status, response_headers, payload = 500, list(_JSON_HEADERS), encode_error(f"internal error: {e}")
-        response_headers.append((b"content-length", str(len(payload)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": response_headers})
-        await send({"type": "http.response.body", "body": payload})
+        await respond(send, status, response_headers, payload)
+
+    async def refuse_method(self, scope, send) -> None:
+        payload = encode_error(f"Method Not Allowed: {scope['method']} {scope['path']}")
+        await respond(send, 405, [*_JSON_HEADERS, (b"allow", b"POST")], payload)
 
     async def _infer(self, body: bytearray, headers: dict, model: str, version: str) -> tuple[list, bytes]:
         header_length = headers.get(b"inference-header-content-length")
@@ -69,3 +71,8 @@ class InferEndpoint:
             response_headers.append((b"content-encoding", encoding.encode()))
         return response_headers, payload
 
+
+async def respond(send, status: int, headers: list, payload: bytes) -> None:
+    headers.append((b"content-length", str(len(payload)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
