@@ -47,7 +47,8 @@ CASES = {
     "no_config_fixed_shape": (fixed_shape_model, None),
     "only_max_batch_size": (lambda: sum_difference_model(False), "max_batch_size: 8\n"),
     "inputs_without_dims": (lambda: sum_difference_model(False),
-                            'max_batch_size: 2\ninput [ { name: "INPUT0" }, { name: "INPUT1" data_type: TYPE_INT32 } ]\n'
+                            'max_batch_size: 2\n'
+                            'input [ { name: "INPUT0" }, { name: "INPUT1" data_type: TYPE_INT32 } ]\n'
                             'output [ { name: "OUTPUT1" } ]\n'),
     "full_rank_means_unbatched": (lambda: sum_difference_model(False),
                                   'input [ { name: "INPUT0" dims: [ -1, 16 ] } ]\n'),

@@ -10,7 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 from build_repository import sum_difference_model
-from modelplex import InferRequest, InferTensor, InstanceContext, InvalidInput, ModelContext, RequestedOutput, Unsupported
+from modelplex import (InferRequest, InferTensor, InstanceContext, InvalidInput, ModelContext, RequestedOutput,
+                       Unsupported)
 from modelplex.model_config import parse_pbtxt
 from modelplex.server import Server
 from modelplex.settings import ServerConfig
@@ -19,8 +20,10 @@ from modelplex_onnx.session import CPU, CUDA, OPENVINO, TENSORRT, execution_prov
 
 SIMPLE_CONFIG = """
 max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+        { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]
 """
 
 
@@ -117,6 +120,11 @@ def test_bad_parameters_are_refused_by_name(parameters, message):
             'parameters { key: "precision_mode" value: "FP16" } } ] } }',
      [TENSORRT, CUDA, CPU],
      [(TENSORRT, {"device_id": "1", "precision_mode": "FP16"}), (CUDA, {"device_id": "1"}), (CPU, {})]),
+    ("GPU", 'optimization { execution_accelerators { gpu_execution_accelerator: [ { name: "cuda" '
+            'parameters { key: "cudnn_conv_use_max_workspace" value: "0" } } ] } }', [CUDA, CPU],
+     [(CUDA, {"device_id": "1", "cudnn_conv_use_max_workspace": "0"}), (CPU, {})]),
+    ("AUTO", 'parameters { key: "execution_provider" value: { string_value: "tensorrt" } }', [TENSORRT, CUDA, CPU],
+     [(TENSORRT, {"device_id": "1"}), (CUDA, {"device_id": "1"}), (CPU, {})]),
     ("AUTO", 'parameters { key: "execution_provider" value: { string_value: "openvino" } }', [OPENVINO, CPU],
      [(OPENVINO, {"device_type": "CPU"}), (CPU, {})]),
     ("AUTO", 'parameters { key: "execution_provider" value: { string_value: "cpu" } }', [CUDA, CPU], [(CPU, {})]),

@@ -55,8 +55,10 @@ def modelplex_backends():
 ECHO_CONFIG = """\
 backend: "echo"
 max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 2, 2 ] } ]
 """
 
 

@@ -1,4 +1,4 @@
-"""One model instance: an ONNX Runtime session, run on its own thread so the event loop stays free."""
+"""One model instance: an ONNX Runtime session, and the thread that keeps its runs off the event loop."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from modelplex import InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput, ModelInstance
+from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
+                       ModelInstance)
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from .config_check import check_config
@@ -31,7 +32,8 @@ class OnnxInstance(ModelInstance):
     """Invariant: runs never overlap (the host never calls one instance concurrently).
 
     A run goes to `_executor`'s single thread, where ORT releases the GIL and the event loop keeps
-    serving; only while runs average under `INLINE_RUN_NS` do they run on the loop directly.
+    serving; only while runs average under `INLINE_RUN_NS` do they run on the loop directly (one
+    unexpectedly long run then blocks the loop once, and its time sends the next runs back).
     """
 
     def __init__(self, ictx: InstanceContext):
@@ -61,7 +63,7 @@ class OnnxInstance(ModelInstance):
         await asyncio.to_thread(self._executor.shutdown, True)
         self.session = None
 
-    # ---- on the instance's thread -------------------------------------------------------
+    # ---- on the instance's thread (or inline, for runs under INLINE_RUN_NS) --------------
     def _execute(self, requests: list[InferRequest]) -> list[InferResponse]:
         if len(requests) > 1 and self.max_batch_size > 0:
             merged = self._execute_merged(requests)

@@ -78,39 +78,43 @@ def execution_providers(ictx: InstanceContext, available: list[str]) -> list[tup
     KIND_GPU (or `execution_provider: cuda`) needs CUDA and fails without it; KIND_AUTO uses CUDA
     when present. `openvino` comes from `execution_provider` or a `cpu_execution_accelerator`.
     """
-    config = ictx.model.config
     asked = ictx.model.parameters.get("execution_provider", "").strip().lower()
     if asked and asked not in PROVIDER_NAMES:
-        raise InvalidInput(f"parameter 'execution_provider' must be one of {', '.join(PROVIDER_NAMES)}, got {asked!r}")
-    gpu_names = [ea.name.lower() for ea in _accelerators(config, "gpu")]
+        raise InvalidInput(f"parameter 'execution_provider' must be one of {', '.join(PROVIDER_NAMES)}, "
+                           f"got {asked!r}")
     wants_gpu = ictx.kind == "GPU" or asked in ("cuda", "tensorrt")
     use_gpu = wants_gpu or (ictx.kind == "AUTO" and not asked and CUDA in available)
-    providers: list[tuple[str, dict]] = []
-    if use_gpu:
-        _require(CUDA, available, ictx, "KIND_GPU" if ictx.kind == "GPU" else f"execution_provider '{asked}'")
-        device = {"device_id": str(ictx.device_id)}
-        cuda_options = dict(device)
-        for ea in _accelerators(config, "gpu"):
-            if ea.name.lower() == "tensorrt":
-                continue
-            if ea.name.lower() != "cuda":
-                raise InvalidInput(f"model '{ictx.model.name}': unknown gpu_execution_accelerator '{ea.name}'")
-            cuda_options.update(ea.parameters)
-        if asked == "tensorrt" or "tensorrt" in gpu_names:
-            _require(TENSORRT, available, ictx, "the tensorrt accelerator")
-            trt = next((ea for ea in _accelerators(config, "gpu") if ea.name.lower() == "tensorrt"), None)
-            providers.append((TENSORRT, device | dict(trt.parameters if trt else {})))
-        providers.append((CUDA, cuda_options))
-    cpu_accelerators = _accelerators(config, "cpu")
+    providers = _gpu_providers(ictx, asked, available) if use_gpu else []
+    cpu_accelerators = _accelerators(ictx.model.config, "cpu")
     for ea in cpu_accelerators:
         if ea.name.lower() != "openvino":
             raise InvalidInput(f"model '{ictx.model.name}': unknown cpu_execution_accelerator '{ea.name}'")
     if asked == "openvino" or cpu_accelerators:
         _require(OPENVINO, available, ictx, "the openvino accelerator")
-        openvino = {"device_type": "CPU"} | (dict(cpu_accelerators[0].parameters) if cpu_accelerators else {})
-        providers.append((OPENVINO, openvino))
+        options = dict(cpu_accelerators[0].parameters) if cpu_accelerators else {}
+        providers.append((OPENVINO, {"device_type": "CPU"} | options))
     providers.append((CPU, {}))
     return providers
+
+
+def _gpu_providers(ictx: InstanceContext, asked: str, available: list[str]) -> list[tuple[str, dict]]:
+    """CUDA on the instance's device, behind TensorRT when a `gpu_execution_accelerator` asks for it."""
+    _require(CUDA, available, ictx, "KIND_GPU" if ictx.kind == "GPU" else f"execution_provider '{asked}'")
+    device = {"device_id": str(ictx.device_id)}
+    cuda, tensorrt = dict(device), None
+    for ea in _accelerators(ictx.model.config, "gpu"):
+        if ea.name.lower() == "tensorrt":
+            tensorrt = device | dict(ea.parameters)
+        elif ea.name.lower() == "cuda":
+            cuda.update(ea.parameters)
+        else:
+            raise InvalidInput(f"model '{ictx.model.name}': unknown gpu_execution_accelerator '{ea.name}'")
+    if asked == "tensorrt" and tensorrt is None:
+        tensorrt = dict(device)
+    if tensorrt is None:
+        return [(CUDA, cuda)]
+    _require(TENSORRT, available, ictx, "the tensorrt accelerator")
+    return [(TENSORRT, tensorrt), (CUDA, cuda)]
 
 
 def _require(provider: str, available: list[str], ictx: InstanceContext, why: str) -> None:
