@@ -59,6 +59,9 @@ CASES = {
     "unknown_input": (lambda: sum_difference_model(False),
                       'max_batch_size: 8\ninput [ { name: "INPUT9" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'),
     "batching_a_fixed_shape": (fixed_shape_model, "max_batch_size: 4\n"),
+    "complete_but_wrong_output": (lambda: sum_difference_model(False),
+                                  "max_batch_size: 8\n" + SIMPLE_INPUTS +
+                                  'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'),
     "gpu_instance": (lambda: sum_difference_model(False),
                      "max_batch_size: 8\n" + SIMPLE_INPUTS + "instance_group [ { kind: KIND_GPU } ]\n"),
     "openvino_accelerator": (lambda: sum_difference_model(False),
@@ -157,6 +160,7 @@ def test_dims_of_full_rank_keep_max_batch_size_zero(auto_server):
     ("wrong_rank", r"input 'INPUT1' has shape \[-1, 4, 4\] in config.pbtxt.* but \[-1, 16\]"),
     ("unknown_input", r"input 'INPUT9' is not an input of the ONNX model"),
     ("batching_a_fixed_shape", r"input 'x' has no variable first dimension"),
+    ("complete_but_wrong_output", r"output 'OUTPUT0' has data_type TYPE_FP32 in config.pbtxt but TYPE_INT32"),
     ("gpu_instance", r"KIND_GPU needs onnxruntime's CUDAExecutionProvider"),
     ("openvino_accelerator", r"openvino accelerator needs onnxruntime's OpenVINOExecutionProvider"),
     ("bad_execution_mode", r"parameter 'execution_mode' must be 0 or 1, got 7"),

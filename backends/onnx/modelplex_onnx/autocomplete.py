@@ -13,6 +13,8 @@ DEFAULT_MAX_BATCH_SIZE = 4
 
 def auto_complete_config(ctx: ModelContext) -> None:
     config = ctx.config
+    if _fully_specified(config):
+        return  # as Triton: nothing to fill, so no session to open; each instance checks the config
     if not ctx.model_file.is_file():
         raise InvalidInput(f"model '{ctx.name}': {ctx.model_file} is not a file")
     inputs, outputs = read_signature(ctx.model_file)
@@ -21,6 +23,12 @@ def auto_complete_config(ctx: ModelContext) -> None:
     # A config may list a subset of outputs on purpose; only an empty list means "all of them".
     _complete_tensors(config, config.output, outputs, "output", add_missing=not config.output)
     check_config(config, inputs, outputs)
+
+
+def _fully_specified(config) -> bool:
+    tensors = (*config.input, *config.output)
+    return bool(config.input and config.output) and all(
+        t.data_type != 0 and (t.dims or t.HasField("reshape")) for t in tensors)
 
 
 def _complete_max_batch_size(config, inputs: list[TensorSignature], outputs: list[TensorSignature]) -> None:
