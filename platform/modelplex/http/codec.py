@@ -127,8 +127,12 @@ def _from_binary(name: str, datatype: str, chunk: memoryview, count: int) -> np.
 
 def _bytes_elements(name: str, chunk: memoryview, count: int) -> np.ndarray:
     """Triton's BYTES wire format: each element is a little-endian uint32 length and that many bytes."""
+    end = len(chunk)
+    if count * 4 > end:  # before allocating: a huge shape must not cost memory
+        raise InvalidInput(f"input '{name}': {end} bytes of binary data cannot hold the {count} BYTES elements "
+                           "its shape needs")
     out = np.empty(count, dtype=np.object_)
-    offset, end = 0, len(chunk)
+    offset = 0
     for i in range(count):
         if offset + 4 > end:
             raise InvalidInput(f"input '{name}': binary BYTES data ends after {i} of {count} elements")
