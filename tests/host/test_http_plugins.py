@@ -24,6 +24,8 @@ class EchoPlugin:
         async def echo(word: str):
             if word == "missing":
                 raise NotFound("no such word")
+            if word == "bug":
+                raise RuntimeError("boom")
             return {"word": word, "server": dataplane.metadata()["name"]}
 
         return [router]
@@ -39,12 +41,14 @@ def test_plugin_router_is_mounted_beside_the_kserve_routes(tmp_path):
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.ports['http']}") as client:
                 ok = await client.get("/v2/echo/hello")
                 missing = await client.get("/v2/echo/missing")
+                bug = await client.get("/v2/echo/bug")
                 live = await client.get("/v2/health/live")
         finally:
             await server.stop()
-        return ok, missing, live
+        return ok, missing, bug, live
 
-    ok, missing, live = asyncio.run(scenario())
+    ok, missing, bug, live = asyncio.run(scenario())
     assert (ok.status_code, ok.json()) == (200, {"word": "hello", "server": "modelplex"})
     assert (missing.status_code, missing.json()) == (404, {"error": "no such word"})
-    assert live.status_code == 200
+    assert (bug.status_code, bug.json()) == (500, {"error": "internal error: RuntimeError: boom"})
+    assert live.status_code == 200  # still serving after the failure

@@ -1,7 +1,6 @@
 """The HTTP error table: every failure becomes `{"error": "..."}` with the status its type carries."""
 from __future__ import annotations
 
-import logging
 import math
 
 from starlette.exceptions import HTTPException
@@ -10,8 +9,6 @@ from starlette.responses import Response
 
 from ..errors import ModelplexError, Unavailable
 from .codec import encode_error
-
-log = logging.getLogger(__name__)
 JSON = "application/json"
 
 
@@ -37,7 +34,7 @@ def http_error(request: Request, exc: HTTPException) -> Response:
 
 
 def unexpected_error(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    # Starlette re-raises the exception after this response is sent, so uvicorn logs the traceback.
     return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
