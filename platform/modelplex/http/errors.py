@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from ..errors import ModelplexError, Unavailable
 from .codec import encode_error
+
 JSON = "application/json"
 
 
