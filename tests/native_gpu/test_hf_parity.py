@@ -101,10 +101,10 @@ def test_shared_prefix_served_from_prefix_cache(make_engine, tokenizer, hf_model
 
 
 def test_greedy_matches_hf_after_forced_preemption(make_engine, prompts, hf_outputs, loaded_weights):
-    # Room for a handful of blocks only: the batch cannot all decode at once, so requests get preempted.
+    # Room for 9 usable blocks: four requests of 3-4 blocks cannot all decode at once.
     runner_bytes = 2 * 30 * 16 * 3 * 64 * 4  # bytes per block: K+V, 30 layers, 16 slots, 3 heads, dim 64, fp32
-    engine = make_engine(kv_cache_memory_bytes=12 * runner_bytes, max_model_len=128, enable_prefix_caching=False)
+    engine = make_engine(kv_cache_memory_bytes=10 * runner_bytes, max_model_len=128, enable_prefix_caching=False)
     assert engine.runner.bytes_per_block == runner_bytes
-    assert engine_greedy(engine, prompts) == hf_outputs
+    assert engine_greedy(engine, prompts[:4]) == hf_outputs[:4]
     assert engine.scheduler.num_preemptions > 0
     assert_no_leak(engine)

@@ -1,0 +1,118 @@
+"""BlockPool and KVCacheManager: exact block ids, ref counts, LRU eviction order, no leaks."""
+import pytest
+
+from modelplex_native_gpu.engine.block_pool import BlockPool
+from modelplex_native_gpu.engine.kv_cache_manager import KVCacheManager
+from modelplex_native_gpu.engine.request import EngineRequest
+from modelplex_native_gpu.engine.sampling_params import SamplingParams
+
+BS = 4
+
+
+def check_invariant(pool: BlockPool):
+    assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks - 1
+    used = sum(1 for b in pool.blocks[1:] if b.ref_cnt > 0)
+    assert used == pool.num_used_blocks
+    assert pool.null_block.ref_cnt == 1 and 0 not in pool.free_queue.block_ids()
+
+
+def request(rid, tokens, salt=None):
+    return EngineRequest(rid, list(tokens), SamplingParams(max_tokens=4), eos_token_id=None, cache_salt=salt)
+
+
+def test_pool_hands_out_blocks_front_first_and_frees_to_the_back():
+    pool = BlockPool(6)
+    assert pool.free_queue.block_ids() == [1, 2, 3, 4, 5]
+    a = pool.get_new_blocks(2)
+    b = pool.get_new_blocks(1)
+    assert [x.block_id for x in a + b] == [1, 2, 3] and all(x.ref_cnt == 1 for x in a + b)
+    pool.free_blocks(reversed(a))
+    assert pool.free_queue.block_ids() == [4, 5, 2, 1]
+    pool.touch([a[0]])  # a cache hit on a free block takes it out of the middle of the queue
+    assert a[0].ref_cnt == 1 and pool.free_queue.block_ids() == [4, 5, 2]
+    pool.touch([b[0]])
+    assert b[0].ref_cnt == 2
+    check_invariant(pool)
+    pool.free_blocks([a[0], b[0], b[0]])
+    assert pool.free_queue.block_ids() == [4, 5, 2, 1, 3]
+    check_invariant(pool)
+
+
+def test_cached_block_is_evicted_only_when_reused_in_lru_order():
+    pool = BlockPool(4)
+    blocks = pool.get_new_blocks(3)
+    for i, block in enumerate(blocks):
+        pool.cache_block(block, (None, (i,), None))
+    pool.free_blocks([blocks[1], blocks[0], blocks[2]])
+    assert pool.free_queue.block_ids() == [2, 1, 3]
+    assert pool.get_cached_block((None, (0,), None)) is blocks[0]  # still cached while free
+    (reused,) = pool.get_new_blocks(1)
+    assert reused.block_id == 2 and reused.block_hash is None
+    assert pool.get_cached_block((None, (1,), None)) is None
+    assert pool.get_cached_block((None, (0,), None)) is blocks[0]
+    check_invariant(pool)
+
+
+def test_manager_allocates_exact_blocks_and_frees_tail_first():
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    r = request("a", range(10))
+    assert kv.allocate_slots(r, 10)
+    assert kv.block_table("a") == [1, 2, 3]
+    r.num_computed_tokens = 10
+    r.append_token(99)
+    assert kv.allocate_slots(r, 1)  # token 11 still fits block 3
+    assert kv.block_table("a") == [1, 2, 3]
+    for t in (100, 101):
+        r.num_computed_tokens += 1
+        r.append_token(t)
+        assert kv.allocate_slots(r, 1)
+    assert kv.block_table("a") == [1, 2, 3, 4]
+    kv.free(r)
+    assert kv.block_pool.free_queue.block_ids() == [5, 6, 7, 4, 3, 2, 1]
+    check_invariant(kv.block_pool)
+
+
+def test_prefix_hits_share_blocks_and_count_references():
+    kv = KVCacheManager(num_blocks=10, block_size=BS)
+    a = request("a", range(10))
+    assert kv.get_computed_blocks(a) == ([], 0)
+    assert kv.allocate_slots(a, 10)  # blocks [1, 2] are full and get cached, 3 is partial
+    b = request("b", list(range(8)) + [50, 51, 52])
+    hits, num_hit = kv.get_computed_blocks(b)
+    assert [h.block_id for h in hits] == [1, 2] and num_hit == 8
+    assert kv.allocate_slots(b, 3, hits)
+    kv.record_prefix_lookup(b.num_tokens, num_hit)
+    assert kv.block_table("b") == [1, 2, 4]
+    assert [kv.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [2, 2, 1, 1]
+    assert kv.prefix_cache_hit_rate == pytest.approx(8 / 11)
+    kv.free(a)
+    kv.free(b)
+    assert kv.block_pool.free_queue.block_ids() == [5, 6, 7, 8, 9, 3, 4, 2, 1]
+    check_invariant(kv.block_pool)
+
+
+def test_full_prompt_hit_leaves_last_token_to_compute_and_salt_separates():
+    kv = KVCacheManager(num_blocks=10, block_size=BS)
+    a = request("a", range(8))
+    kv.allocate_slots(a, 8)
+    same = request("same", range(8))
+    hits, num_hit = kv.get_computed_blocks(same)
+    assert [h.block_id for h in hits] == [1] and num_hit == 4  # block 2 holds the last token
+    salted = request("salted", range(8), salt="adapter-1")
+    assert kv.get_computed_blocks(salted) == ([], 0)
+    kv.free(a)
+    check_invariant(kv.block_pool)
+
+
+def test_allocation_failure_changes_nothing():
+    kv = KVCacheManager(num_blocks=4, block_size=BS)
+    a = request("a", range(8))
+    assert kv.allocate_slots(a, 8)
+    kv.free(a)  # blocks 1, 2 are free but cached
+    b = request("b", list(range(8)) + list(range(100, 112)))
+    hits, _ = kv.get_computed_blocks(b)
+    assert [h.block_id for h in hits] == [1, 2]
+    assert not kv.allocate_slots(b, 12, hits)  # needs 3 more blocks, only block 3 is not a hit
+    assert [blk.ref_cnt for blk in kv.block_pool.blocks[1:]] == [0, 0, 0]
+    assert kv.block_table("b") == [] and kv.num_free_blocks == 3
+    check_invariant(kv.block_pool)
