@@ -184,3 +184,48 @@ def test_strict_model_config_without_config_names_the_missing_inputs(tmp_path):
             await server.manager.load("bare")
 
     with_server(tmp_path, scenario, strict=True)
+
+
+def slow_model():
+    """Ten chained 512x512 MatMuls on [batch, 512]: milliseconds per run, far above the inline limit."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.eye(512, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", "w"], [f"h{i + 1}"]) for i in range(10)]
+    nodes.append(helper.make_node("Identity", ["h10"], ["y"]))
+    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 512])],
+                              initializer=[weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_slow_model_never_blocks_the_event_loop(tmp_path):
+    (tmp_path / "slow" / "1").mkdir(parents=True)
+    onnx.save(slow_model(), str(tmp_path / "slow" / "1" / "model.onnx"))
+    config = 'max_batch_size: 64\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 512 ] } ]\n' \
+             'output [ { name: "y" data_type: TYPE_FP32 dims: [ 512 ] } ]\n'
+    instance = OnnxInstance(instance_context(tmp_path / "slow", config))
+    x = np.random.default_rng(0).standard_normal((64, 512), dtype=np.float32)
+
+    async def scenario():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        counts = []
+        for _ in range(6):
+            before = ticks
+            [response] = await instance.execute([InferRequest("slow", [InferTensor.from_numpy("x", x)])])
+            counts.append(ticks - before)
+            np.testing.assert_allclose(response.outputs[0].data, x, rtol=1e-5)
+        task.cancel()
+        await instance.close()
+        return counts
+
+    # Every run, including the later ones, left the loop free to tick while it ran on the thread.
+    assert all(count > 0 for count in asyncio.run(scenario()))

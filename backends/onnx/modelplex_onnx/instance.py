@@ -32,8 +32,10 @@ class OnnxInstance(ModelInstance):
     """Invariant: runs never overlap (the host never calls one instance concurrently).
 
     A run goes to `_executor`'s single thread, where ORT releases the GIL and the event loop keeps
-    serving; only while runs average under `INLINE_RUN_NS` do they run on the loop directly (one
-    unexpectedly long run then blocks the loop once, and its time sends the next runs back).
+    serving; only while a run's estimated cost is under `INLINE_RUN_NS` do runs happen on the loop
+    directly. The estimate falls to any faster run at once and at most doubles per slower one, so a
+    run stretched by preemption barely moves it, while a model that really is slow goes back to
+    the thread within a few runs.
     """
 
     def __init__(self, ictx: InstanceContext):
@@ -51,11 +53,11 @@ class OnnxInstance(ModelInstance):
             for t in config.output}
         self._output_names = list(self._outputs)  # the default when a request names no outputs
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"onnx-{ictx.name}")
-        self._run_ns_average: float | None = None  # None until the first run (made on the thread)
+        self._run_ns_estimate: int | None = None  # None until the first run (made on the thread)
 
     async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
-        average = self._run_ns_average
-        if average is not None and average < INLINE_RUN_NS:
+        estimate = self._run_ns_estimate
+        if estimate is not None and estimate < INLINE_RUN_NS:
             return self._execute(requests)
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._execute, requests)
 
@@ -105,9 +107,8 @@ class OnnxInstance(ModelInstance):
         except Exception as e:  # ORT's RuntimeException / Fail: a kernel failed on this data
             raise InternalError(f"model '{self.model_name}': onnxruntime failed: {e}") from None
         elapsed = time.perf_counter_ns() - start
-        average = self._run_ns_average
-        # An exponential moving average over ~8 runs: follows a change of input sizes quickly.
-        self._run_ns_average = elapsed if average is None else average + (elapsed - average) / 8
+        estimate = self._run_ns_estimate
+        self._run_ns_estimate = elapsed if estimate is None else min(elapsed, 2 * estimate)
         return results
 
     def _feed(self, name: str, data: np.ndarray) -> np.ndarray:
