@@ -1,8 +1,6 @@
 """Builds the HTTP front door: Triton's KServe v2 routes, plugin routers, and the fast infer path."""
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI
 
 from ..dataplane import DataPlane
@@ -10,8 +8,6 @@ from ..settings import ServerConfig
 from .errors import install_error_handlers
 from .infer import INFER_PATH, InferEndpoint
 from .routes import create_router
-
-log = logging.getLogger(__name__)
 
 
 class FrontDoor:

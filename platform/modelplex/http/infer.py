@@ -1,8 +1,8 @@
 """`POST /v2/models/{m}[/versions/{v}]/infer` as a bare ASGI handler: the hot path.
 
-It skips FastAPI's middleware stack and Starlette's request objects (together about a third of
-the per-request cost for a small model) and speaks ASGI messages directly; errors still go
-through the same `{"error": ...}` table as every other route.
+It skips FastAPI's middleware stack and Starlette's request objects and speaks ASGI messages
+directly (in-process, a `simple` request costs ~42 us this way and ~75 us as a FastAPI route);
+errors still go through the same `{"error": ...}` table as every other route.
 """
 from __future__ import annotations
 
