@@ -3,6 +3,7 @@ ONNX model, as Triton's onnxruntime backend does; a partial config is completed,
 from __future__ import annotations
 
 from modelplex import InvalidInput, ModelContext
+from tritonclient.grpc import model_config_pb2 as pb
 
 from .config_check import check_config, config_data_type
 from .signature import TensorSignature, read_signature
@@ -12,6 +13,7 @@ DEFAULT_MAX_BATCH_SIZE = 4
 
 
 def auto_complete_config(ctx: ModelContext) -> None:
+    """Complete `ctx.config` in place from `ctx.model_file`; `InvalidInput` names what contradicts it."""
     config = ctx.config
     if _fully_specified(config):
         return  # as Triton: nothing to fill, so no session to open; each instance checks the config
@@ -28,7 +30,7 @@ def auto_complete_config(ctx: ModelContext) -> None:
 def _fully_specified(config) -> bool:
     tensors = (*config.input, *config.output)
     return bool(config.input and config.output) and all(
-        t.data_type != 0 and (t.dims or t.HasField("reshape")) for t in tensors)
+        t.data_type != pb.TYPE_INVALID and (t.dims or t.HasField("reshape")) for t in tensors)
 
 
 def _complete_max_batch_size(config, inputs: list[TensorSignature], outputs: list[TensorSignature]) -> None:
@@ -57,7 +59,7 @@ def _complete_tensors(config, declared, model: list[TensorSignature], kind: str,
         sig = by_name.get(tensor.name)
         if sig is None:
             continue  # check_config names it
-        if tensor.data_type == 0:  # TYPE_INVALID: not given
+        if tensor.data_type == pb.TYPE_INVALID:  # not given
             tensor.data_type = config_data_type(sig, f"model '{config.name}': {kind} '{sig.name}'")
         if not tensor.dims and not tensor.HasField("reshape"):
             _fill_dims(tensor, sig, batch_dims)

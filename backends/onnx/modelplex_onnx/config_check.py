@@ -16,7 +16,8 @@ def config_data_type(sig: TensorSignature, where: str) -> int:
 
 
 def config_shape(tensor, max_batch_size: int) -> list[int]:
-    """The shape the model sees for a config tensor: `reshape` if given, else `dims`, after the batch dim."""
+    """The shape the model sees for a config tensor: `reshape` if given, else `dims`, behind a -1 batch dim
+    when the model batches."""
     shape = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
     return [-1] + shape if max_batch_size > 0 else shape
 
