@@ -37,6 +37,16 @@ def fixed_shape_model():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)], ir_version=ONNX_IR_VERSION)
 
 
+def row_sum_model():
+    """total = x.sum(axis=1) on [batch, 3] FP32: one scalar per batch item."""
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    graph = helper.make_graph([helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=0)], "row_sum",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["batch"])],
+                              initializer=[axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)], ir_version=ONNX_IR_VERSION)
+
+
 SIMPLE_INPUTS = 'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }, ' \
                 '{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
 
@@ -45,6 +55,7 @@ CASES = {
     "no_config": (lambda: sum_difference_model(False), None),
     "no_config_fp16_bool": (fp16_bool_model, None),
     "no_config_fixed_shape": (fixed_shape_model, None),
+    "no_config_scalar_output": (row_sum_model, None),
     "only_max_batch_size": (lambda: sum_difference_model(False), "max_batch_size: 8\n"),
     "inputs_without_dims": (lambda: sum_difference_model(False),
                             'max_batch_size: 2\n'
@@ -125,6 +136,16 @@ def test_fixed_first_dimension_means_no_batching(auto_server):
     x = np.array([[-1, 2, -3], [4, -5, 6]], dtype=np.float32)
     np.testing.assert_array_equal(infer(auto_server, "grpc", "no_config_fixed_shape", {"x": x}).as_numpy("y"),
                                   np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_scalar_per_batch_item_is_served_as_dims_1(auto_server, protocol):
+    config = model_config(auto_server, protocol, "no_config_scalar_output")
+    assert tensors(config, "output") == [("total", "TYPE_FP32", [1])]
+    assert "reshape" in config["output"][0]  # Triton's spelling of "the model itself sees no dims"
+    x = np.array([[1, 2, 3], [0.5, -4, 10]], dtype=np.float32)
+    total = infer(auto_server, protocol, "no_config_scalar_output", {"x": x}).as_numpy("total")
+    np.testing.assert_allclose(total, [[6.0], [6.5]])
 
 
 def test_only_max_batch_size_given_keeps_it_and_fills_the_rest(auto_server):
