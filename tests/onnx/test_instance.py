@@ -3,6 +3,7 @@ several requests in one run, and strict configs. The server's model manager driv
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +74,9 @@ def test_instance_group_count_two_creates_two_sessions(tmp_path):
         for instance in instances:
             [response] = await instance.execute([simple_request(a, a)])
             np.testing.assert_array_equal(response.outputs[0].data, a * 2)
+        await server.manager.unload("pair")
+        assert all(instance.session is None for instance in instances)
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("onnx-pair")]
 
     with_server(tmp_path, scenario)
 
