@@ -74,6 +74,7 @@ def test_instance_group_count_two_creates_two_sessions(tmp_path):
         for instance in instances:
             [response] = await instance.execute([simple_request(a, a)])
             np.testing.assert_array_equal(response.outputs[0].data, a * 2)
+        assert len([t for t in threading.enumerate() if t.name.startswith("onnx-pair")]) == 2  # first runs
         await server.manager.unload("pair")
         assert all(instance.session is None for instance in instances)
         assert not [t.name for t in threading.enumerate() if t.name.startswith("onnx-pair")]
