@@ -5,6 +5,7 @@ little-endian length) or as typed `contents`; outputs always go back as `raw_out
 """
 from __future__ import annotations
 
+import math
 import numbers
 import struct
 
@@ -50,14 +51,13 @@ def decode_parameters(params) -> dict:
 
 
 def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> InferTensor:
-    if "shared_memory_region" in t.parameters:
+    params = t.parameters
+    if params and "shared_memory_region" in params:
         raise Unsupported(f"input '{t.name}': shared memory inputs are not supported")
     shape = list(t.shape)
-    count = 1
-    for d in shape:
-        if d < 0:
-            raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape}")
-        count *= d
+    if shape and min(shape) < 0:
+        raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape}")
+    count = math.prod(shape)
     datatype = t.datatype
     if raw is not None:
         if t.HasField("contents"):
@@ -69,7 +69,7 @@ def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
         data = _from_raw(t.name, datatype, b"", 0)
     else:
         raise InvalidInput(f"input '{t.name}' has no data: set raw_input_contents or contents")
-    return InferTensor(t.name, datatype, shape, data.reshape(shape), decode_parameters(t.parameters))
+    return InferTensor(t.name, datatype, shape, data.reshape(shape), decode_parameters(params))
 
 
 def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
@@ -124,20 +124,16 @@ def _from_contents(name: str, datatype: str, contents: pb.InferTensorContents, c
 
 # ---- responses ----------------------------------------------------------------------------
 def encode_response(response: InferResponse) -> pb.ModelInferResponse:
-    msg = pb.ModelInferResponse(
-        model_name=response.model_name, model_version=response.model_version, id=response.id,
-        outputs=[_output_header(t) for t in response.outputs],
-        raw_output_contents=[tensor_bytes(t) for t in response.outputs])
+    msg = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
+                                id=response.id, raw_output_contents=[tensor_bytes(t) for t in response.outputs])
+    add_output = msg.outputs.add
+    for t in response.outputs:
+        header = add_output(name=t.name, datatype=t.datatype, shape=t.data.shape)
+        if t.parameters:
+            encode_parameters(header.parameters, t.parameters)
     if response.parameters:
         encode_parameters(msg.parameters, response.parameters)
     return msg
-
-
-def _output_header(t: InferTensor) -> pb.ModelInferResponse.InferOutputTensor:
-    header = pb.ModelInferResponse.InferOutputTensor(name=t.name, datatype=t.datatype, shape=t.data.shape)
-    if t.parameters:
-        encode_parameters(header.parameters, t.parameters)
-    return header
 
 
 def tensor_bytes(t: InferTensor) -> bytes:
