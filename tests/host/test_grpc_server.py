@@ -1,14 +1,18 @@
-"""`create_grpc_server` in-process over a DataPlane with an empty repository: binding, message size, health watch."""
+"""`create_grpc_server` in-process over a real DataPlane: binding, message size, health watch, and streaming
+from a small decoupled backend defined here."""
 from __future__ import annotations
 
 import asyncio
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import InferResult
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from modelplex import BackendSpec, InferResponse, InferTensor, InvalidInput, ModelInstance
 from modelplex.dataplane import DataPlane
 from modelplex.grpc.server import create_grpc_server
 from modelplex.manager import ModelManager
@@ -90,3 +94,83 @@ def test_health_watch_reports_the_server_going_not_serving(tmp_path):
             unknown.cancel()
 
     serve(tmp_path, test)
+
+
+# ---- ModelStreamInfer over a decoupled model ---------------------------------------------
+COUNTDOWN_CONFIG = """
+name: "countdown"
+backend: "countdown"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "LEFT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+class Countdown(ModelInstance):
+    """A decoupled model: for N it streams N-1 ... 0, one response each; N < 0 fails after one response."""
+
+    async def execute(self, requests):
+        raise AssertionError("a decoupled model is only streamed")
+
+    async def stream(self, request):
+        n = int(request.input("N").data[0])
+        for left in range(abs(n) - 1, -1, -1):
+            await asyncio.sleep(0)  # let other requests' responses interleave
+            yield InferResponse("", "", [InferTensor.from_numpy("LEFT", np.array([left], np.int32))])
+            if n < 0:
+                raise InvalidInput("negative countdowns stop after one step")
+
+
+def countdown_request(n: int, request_id: str, empty_final: bool = True) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="countdown", id=request_id)
+    request.inputs.add(name="N", datatype="INT32", shape=[1]).contents.int_contents.append(n)
+    if empty_final:
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+    return request
+
+
+def test_stream_interleaves_decoupled_responses_and_reports_errors_in_band(tmp_path):
+    (tmp_path / "countdown" / "1").mkdir(parents=True)
+    (tmp_path / "countdown" / "config.pbtxt").write_text(COUNTDOWN_CONFIG)
+    config = ServerConfig(model_repositories=[tmp_path], host="127.0.0.1", grpc_port=0)
+    manager = ModelManager(config, {"countdown": BackendSpec(name="countdown", create_instance=lambda ictx: Countdown(),
+                                                        max_concurrency_per_instance=4)})
+    dataplane = DataPlane(config, manager)
+
+    async def main():
+        await manager.start()
+        server, port = create_grpc_server(dataplane, config)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                requests = [countdown_request(3, "a"), countdown_request(2, "b"), countdown_request(-5, "bad"),
+                            countdown_request(1, "c", empty_final=False)]
+                received = [r async for r in stub.ModelStreamInfer(iter(requests))]
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub.ModelInfer(countdown_request(1, "unary"))
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "decoupled" in e.value.details()
+        finally:
+            await server.stop(None)
+            await manager.stop()
+        return received
+
+    received = asyncio.run(main())
+    by_id: dict[str, list] = {}
+    errors = []
+    for item in received:
+        if item.error_message:
+            errors.append(item.error_message)
+            continue
+        response = item.infer_response
+        final = response.parameters["triton_final_response"].bool_param
+        left = InferResult(response).as_numpy("LEFT")
+        by_id.setdefault(response.id, []).append((None if left is None else int(left[0]), final))
+    assert by_id == {"a": [(2, False), (1, False), (0, False), (None, True)],
+                     "b": [(1, False), (0, False), (None, True)],
+                     "bad": [(4, False)],
+                     "c": [(0, False)]}
+    assert errors == ["negative countdowns stop after one step"]
+    ids_in_order = [item.infer_response.id for item in received if not item.error_message]
+    assert ids_in_order.index("b") < ids_in_order.index("a") + 3, "responses of concurrent requests interleave"
