@@ -1,14 +1,16 @@
-"""The gRPC tensor codec against tritonclient's own serializers and readers (no server needed)."""
+"""The gRPC tensor codec against tritonclient's own serializers and readers, and the error table (no server)."""
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 from tritonclient.grpc import InferResult
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import serialize_byte_tensor
 
-from modelplex.errors import InvalidInput, Unsupported
+from modelplex.errors import InternalError, InvalidInput, NotFound, Unavailable, Unsupported
 from modelplex.grpc.codec import decode_request, encode_response
+from modelplex.grpc.status import pushback, status_code
 from modelplex.tensors import InferResponse, InferTensor
 
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
@@ -152,3 +154,15 @@ def test_shared_memory_inputs_are_refused_as_unsupported():
     msg.inputs.add(name="X", datatype="INT32", shape=[1]).parameters["shared_memory_region"].string_param = "r"
     with pytest.raises(Unsupported, match="shared memory"):
         decode_request(msg)
+
+
+def test_every_typed_error_has_its_grpc_code():
+    assert [status_code(e("x")) for e in (InvalidInput, NotFound, Unavailable, Unsupported, InternalError)] == [
+        grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL]
+
+
+def test_unavailable_errors_carry_grpc_retry_pushback():
+    assert pushback(Unavailable("queue full", retry_after=1.5)) == (("grpc-retry-pushback-ms", "1500"),)
+    assert pushback(Unavailable("not ready")) == ()
+    assert pushback(InvalidInput("bad")) == ()

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 
 import grpc
 
-from ..errors import ModelplexError
+from ..errors import ModelplexError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,13 @@ STATUS_TO_CODE = {
 
 def status_code(error: ModelplexError) -> grpc.StatusCode:
     return STATUS_TO_CODE.get(error.status, grpc.StatusCode.INTERNAL)
+
+
+def pushback(error: ModelplexError) -> tuple[tuple[str, str], ...]:
+    """gRPC's retry pushback (what HTTP's Retry-After says) when an Unavailable error suggests a wait."""
+    if isinstance(error, Unavailable) and error.retry_after is not None:
+        return (("grpc-retry-pushback-ms", str(max(0, math.ceil(error.retry_after * 1000)))),)
+    return ()
 
 
 def error_message(error: Exception) -> str:
@@ -39,7 +47,7 @@ def guarded(method):
         try:
             return await method(self, request, context)
         except ModelplexError as e:
-            await context.abort(status_code(e), e.message)
+            await context.abort(status_code(e), e.message, pushback(e))
         except Exception as e:  # noqa: BLE001 - every failure must reach the client as a status
             await context.abort(grpc.StatusCode.INTERNAL, error_message(e))
 
