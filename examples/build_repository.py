@@ -207,7 +207,7 @@ def build(out: Path, names=DEFAULT_MODELS, force: bool = False) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="model repository folder to build into")
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+    parser.add_argument("--models", default=",".join(BUILDERS),
                         help=f"comma-separated subset of {','.join(BUILDERS)} (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="rebuild models that already exist")
     args = parser.parse_args(argv)

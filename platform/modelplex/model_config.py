@@ -64,7 +64,7 @@ def _fix_int64(desc: descriptor.Descriptor, data: dict) -> dict:
                 if value_field.message_type is not None:
                     for v in value.values():
                         _fix_int64(value_field.message_type, v)
-            elif field.label == field.LABEL_REPEATED:
+            elif field.is_repeated:
                 for v in value:
                     _fix_int64(field.message_type, v)
             else:
