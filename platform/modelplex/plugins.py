@@ -30,8 +30,9 @@ def create_plugin_manager(allow: set[str] | None = None, extra: list[object] = (
             continue
         try:
             pm.register(ep.load(), name=ep.name)
-        except Exception:  # noqa: BLE001 - any import error of a third-party plugin
-            log.exception("plugin %s (%s) failed to load; skipped", ep.name, ep.value)
+        except Exception as e:  # noqa: BLE001 - any import error of a third-party plugin
+            log.warning("plugin %s (%s) failed to load and is skipped: %s", ep.name, ep.value, e,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
     for plugin in extra:
         pm.register(plugin)
     pm.check_pending()
