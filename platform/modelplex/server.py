@@ -60,11 +60,12 @@ class Server:
         import uvicorn
 
         from .http.app import create_http_app
+        from .http.protocol import CoalescingHttpToolsProtocol
 
         app = create_http_app(self.dataplane, self.settings, self.pm)
         sock = bind_socket(self.settings.host, self.settings.http_port)
         self.ports["http"] = sock.getsockname()[1]
-        config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
+        config = uvicorn.Config(app, loop="none", http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False,
                                 log_level="warning", timeout_keep_alive=75, backlog=2048)
         self._http = uvicorn.Server(config)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))

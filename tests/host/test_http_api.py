@@ -163,3 +163,4 @@ def test_repository_index_lists_the_loaded_models(client, http):
     assert http.post("/v2/repository/index", json={"ready": True}).json() == index
     bad = http.post("/v2/repository/index", json={"ready": "yes"})
     assert bad.status_code == 400 and bad.json() == {"error": "'ready' must be true or false"}
+
