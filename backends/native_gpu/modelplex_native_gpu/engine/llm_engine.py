@@ -137,6 +137,10 @@ class LLMEngine:
             self.scheduler.finish_request(rid, RequestStatus.FINISHED_ABORTED)
             self._completions.pop(rid, None)
 
+    def is_active(self, request_id: str) -> bool:
+        """True while any completion of the user request is unfinished."""
+        return request_id in self._children
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
