@@ -37,12 +37,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @guarded
     async def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(**self.dataplane.metadata())
+        return as_message(self.dataplane.metadata(), pb.ServerMetadataResponse)
 
     @guarded
     async def ModelMetadata(self, request, context):
-        metadata = self.dataplane.model_metadata(request.name, request.version)
-        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+        return as_message(self.dataplane.model_metadata(request.name, request.version), pb.ModelMetadataResponse)
 
     @guarded
     async def ModelConfig(self, request, context):
@@ -97,12 +96,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @guarded
     async def ModelStatistics(self, request, context):
         stats = self.dataplane.statistics(request.name, request.version)
-        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     @guarded
     async def RepositoryIndex(self, request, context):
-        rows = self.dataplane.repository_index(request.ready)
-        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows])
+        return as_message({"models": self.dataplane.repository_index(request.ready)}, pb.RepositoryIndexResponse)
 
     @guarded
     async def RepositoryModelLoad(self, request, context):
@@ -125,6 +123,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryUnregister = unimplemented("CUDA shared memory")
     TraceSetting = unimplemented("trace settings over gRPC")
     LogSettings = unimplemented("log settings over gRPC")
+
+
+def as_message(data: dict, message_type):
+    """A data-plane answer (Triton's JSON shape) as its gRPC message; keys gRPC cannot carry are left out."""
+    return json_format.ParseDict(data, message_type(), ignore_unknown_fields=True)
 
 
 def load_parameters(params) -> tuple[str | None, dict[str, bytes]]:
