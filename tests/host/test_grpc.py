@@ -154,20 +154,17 @@ def test_stream_serves_requests_and_reports_errors_in_band(client):
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         client.async_stream_infer("simple", inputs(), request_id="s1", enable_empty_final_response=True)
-        first = [results.get(timeout=10) for _ in range(2)]
+        first, first_error = results.get(timeout=10)
         client.async_stream_infer("nope", inputs(), request_id="s2")
         _, error = results.get(timeout=10)
         client.async_stream_infer("simple", inputs(B, A), request_id="s3")
         last, last_error = results.get(timeout=10)
     finally:
         client.stop_stream()
-    (data, data_error), (final, final_error) = first
-    assert data_error is None and final_error is None
-    np.testing.assert_array_equal(data.as_numpy("OUTPUT0"), A + B)
-    assert data.get_response().parameters["triton_final_response"].bool_param is False
-    final_response = final.get_response()
-    assert (final_response.id, list(final_response.outputs)) == ("s1", [])
-    assert final_response.parameters["triton_final_response"].bool_param is True
+    assert results.empty(), "a non-decoupled model's one response is final: no empty final response follows"
+    assert first_error is None and first.get_response().id == "s1"
+    np.testing.assert_array_equal(first.as_numpy("OUTPUT0"), A + B)
+    assert first.get_response().parameters["triton_final_response"].bool_param is True
     assert "model 'nope' is not found" in str(error)
     assert last_error is None and last.get_response().id == "s3"
     np.testing.assert_array_equal(last.as_numpy("OUTPUT1"), B - A)

@@ -77,18 +77,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             outbox.put_nowait(None)
 
     async def _stream_one(self, msg: pb.ModelInferRequest, outbox: asyncio.Queue) -> None:
+        """Triton's flags: a non-decoupled model's one response is final; a decoupled model's responses
+        are not, and its end is an empty final response when the request asks for one."""
         try:
             request = decode_request(msg)
+            config = self.dataplane.model_config(request.model_name, request.model_version)
+            decoupled = config.model_transaction_policy.decoupled
             version = request.model_version
             async for response in self.dataplane.stream(request):
                 version = response.model_version
-                infer_response = encode_response(response)
-                infer_response.parameters[FINAL_RESPONSE].bool_param = False
-                outbox.put_nowait(pb.ModelStreamInferResponse(infer_response=infer_response))
-            if request.parameters.get(ENABLE_EMPTY_FINAL):
-                final = pb.ModelInferResponse(model_name=request.model_name, model_version=version, id=request.id)
-                final.parameters[FINAL_RESPONSE].bool_param = True
-                outbox.put_nowait(pb.ModelStreamInferResponse(infer_response=final))
+                outbox.put_nowait(stream_response(encode_response(response), is_final=not decoupled))
+            if decoupled and request.parameters.get(ENABLE_EMPTY_FINAL):
+                empty = pb.ModelInferResponse(model_name=request.model_name, model_version=version, id=request.id)
+                outbox.put_nowait(stream_response(empty, is_final=True))
         except Exception as e:  # noqa: BLE001 - one failed request must not end the stream
             outbox.put_nowait(pb.ModelStreamInferResponse(error_message=error_message(e)))
 
@@ -123,6 +124,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryUnregister = unimplemented("CUDA shared memory")
     TraceSetting = unimplemented("trace settings over gRPC")
     LogSettings = unimplemented("log settings over gRPC")
+
+
+def stream_response(response: pb.ModelInferResponse, is_final: bool) -> pb.ModelStreamInferResponse:
+    response.parameters[FINAL_RESPONSE].bool_param = is_final
+    return pb.ModelStreamInferResponse(infer_response=response)
 
 
 def as_message(data: dict, message_type):
