@@ -19,6 +19,7 @@ class IncrementalDetokenizer:
         self.text = ""
         self.stop = list(stop)
         self.stopped_by: str | None = None
+        self._num_emitted = 0  # characters of text already returned as deltas
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -35,17 +36,28 @@ class IncrementalDetokenizer:
         return self._check_stop(delta)
 
     def _check_stop(self, delta: str) -> str:
-        """Cut the text before the first stop string that appears (a stop may span earlier deltas)."""
+        """Cut the text before the first stop string (which may span deltas).
+
+        With stop strings, the last len(longest stop) - 1 characters are held back, since they
+        could still turn out to start a stop string; flush() releases them at the end.
+        """
         old_len = len(self.text)
         self.text += delta
-        if not self.stop:
-            return delta
-        longest = max(len(s) for s in self.stop)
-        search_from = max(0, old_len - longest + 1)
-        hits = [(self.text.find(s, search_from), s) for s in self.stop]
-        hits = [(pos, s) for pos, s in hits if pos >= 0]
-        if not hits:
-            return delta
-        pos, self.stopped_by = min(hits)
-        self.text = self.text[:pos]
-        return self.text[old_len:] if pos > old_len else ""
+        holdback = 0
+        if self.stop:
+            longest = max(len(s) for s in self.stop)
+            search_from = max(0, old_len - longest + 1)
+            hits = [(pos, s) for s in self.stop if (pos := self.text.find(s, search_from)) >= 0]
+            if hits:
+                pos, self.stopped_by = min(hits)
+                self.text = self.text[:pos]
+            else:
+                holdback = longest - 1
+        end = max(self._num_emitted, len(self.text) - holdback)
+        out, self._num_emitted = self.text[self._num_emitted:end], end
+        return out
+
+    def flush(self) -> str:
+        """The held-back tail, once the request has finished."""
+        out, self._num_emitted = self.text[self._num_emitted:], len(self.text)
+        return out

@@ -169,6 +169,8 @@ class LLMEngine:
             if detok.stopped_by is not None and not request.is_finished:
                 self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
                 request.stop_reason = detok.stopped_by
+            if request.is_finished:
+                delta += detok.flush()
         if request.is_finished:
             self._finish(request.request_id, completion.parent_id)
         return RequestOutput(
