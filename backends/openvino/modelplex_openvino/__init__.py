@@ -1,1 +1,1 @@
-"""OpenVINO backend: Intel CPU/GPU/NPU for classic models and OpenVINO GenAI LLMs (not built yet)."""
+"""The OpenVINO backend for modelplex (`backend: "openvino"`): OpenVINO IR and ONNX models on CPU/GPU/NPU."""

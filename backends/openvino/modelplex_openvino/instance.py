@@ -1,0 +1,134 @@
+"""One model instance: a model compiled for one OpenVINO device, and a pool of infer requests over it.
+
+Each infer request runs on its own thread (OpenVINO releases the GIL while it infers), so as many
+requests run at once as the compiled model has infer requests, which is what its streams can use.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from modelplex import InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput, ModelInstance
+from modelplex_onnx.config_check import check_config
+
+from .devices import configured_device, select_device, shared_core
+from .properties import check_precision, compile_properties, is_yes
+from .signature import model_signature, read_model
+from .static_shapes import make_static, needs_static_shapes, reshape_to_config
+
+log = logging.getLogger(__name__)
+
+# What the BackendSpec declares: the host lets this many requests into one instance at once; more
+# than the compiled model's infer requests wait here for a free one (an asyncio wait, no thread).
+MAX_CONCURRENCY = 32
+
+
+@dataclass(frozen=True, slots=True)
+class _OutputSpec:
+    index: int  # the compiled model's output port
+    datatype: str
+    dims: tuple[int, ...] | None  # what clients see when config.pbtxt reshapes the output, else None
+
+
+def _last_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else repr(error)
+
+
+class OpenVINOInstance(ModelInstance):
+    """Invariant: an infer request serves one request at a time and is back in `_idle` only after its
+    outputs were copied out (the next run overwrites them)."""
+
+    def __init__(self, ictx: InstanceContext):
+        ctx, config = ictx.model, ictx.model.config
+        core = shared_core()
+        self.model_name = ctx.name
+        self.device = select_device(configured_device(ictx), core.available_devices, ctx.name)
+        properties = compile_properties(ctx)
+        check_precision(properties.get("INFERENCE_PRECISION_HINT", ""), self.device, core, ctx.name)
+        model = read_model(core, ctx)
+        inputs, outputs = model_signature(model)
+        check_config(config, inputs, outputs)
+        if needs_static_shapes(self.device):
+            make_static(model, config, f"device {self.device}")
+        elif is_yes(ctx.parameters, "RESHAPE_IO_LAYERS"):
+            reshape_to_config(model, config)
+        try:
+            self.compiled_model = core.compile_model(model, self.device, properties)
+        except RuntimeError as e:
+            raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot compile it for {self.device}: "
+                               f"{_last_line(e)}") from None
+        self.max_batch_size = config.max_batch_size
+        self._input_index = {s.name: i for i, s in enumerate(inputs)}
+        # A static batch (NPU) takes smaller batches padded up to it.
+        self._static_batch = config.max_batch_size if needs_static_shapes(self.device) and config.max_batch_size else 0
+        model_outputs = {s.name: (i, s) for i, s in enumerate(outputs)}
+        self._outputs = {t.name: _OutputSpec(model_outputs[t.name][0], model_outputs[t.name][1].datatype,
+                                             tuple(t.dims) if t.HasField("reshape") else None)
+                         for t in config.output}
+        self._output_names = list(self._outputs)
+        self.num_requests = min(MAX_CONCURRENCY, int(self.compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        self._idle: asyncio.Queue = asyncio.Queue()
+        for _ in range(self.num_requests):
+            self._idle.put_nowait(self.compiled_model.create_infer_request())
+        self._executor = ThreadPoolExecutor(self.num_requests, thread_name_prefix=f"openvino-{ictx.name}")
+        log.info("model %s instance %s: %s on %s, %d infer requests, %s streams, precision %s", ctx.name, ictx.name,
+                 ctx.model_file.name, self.device, self.num_requests, self.compiled_model.get_property("NUM_STREAMS"),
+                 self.compiled_model.get_property("INFERENCE_PRECISION_HINT").get_type_name())
+
+    @property
+    def num_idle_requests(self) -> int:
+        return self._idle.qsize()
+
+    async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
+        if len(requests) == 1:
+            return [await self._infer(requests[0])]
+        return list(await asyncio.gather(*(self._infer(r) for r in requests)))
+
+    async def _infer(self, request: InferRequest) -> InferResponse:
+        infer_request = await self._idle.get()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, infer_request, request)
+        finally:
+            self._idle.put_nowait(infer_request)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._executor.shutdown, True)
+        self._idle = asyncio.Queue()
+        self.compiled_model = None
+
+    # ---- on a pool thread ---------------------------------------------------------------
+    def _run(self, infer_request, request: InferRequest) -> InferResponse:
+        import openvino as ov
+
+        batch = request.inputs[0].data.shape[0] if self.max_batch_size > 0 and request.inputs else 0
+        try:
+            for tensor in request.inputs:
+                data = self._padded(tensor.data, batch)
+                infer_request.set_input_tensor(self._input_index[tensor.name], ov.Tensor(data, shared_memory=True))
+        except RuntimeError as e:
+            raise InvalidInput(f"model '{self.model_name}': {_last_line(e)}") from None
+        try:
+            infer_request.infer()
+        except RuntimeError as e:
+            raise InternalError(f"model '{self.model_name}': OpenVINO failed: {_last_line(e)}") from None
+        names = [o.name for o in request.outputs] if request.outputs else self._output_names
+        return InferResponse(self.model_name, "", [self._output(name, infer_request, batch) for name in names])
+
+    def _padded(self, data: np.ndarray, batch: int) -> np.ndarray:
+        data = np.ascontiguousarray(data)  # shared with OpenVINO, which reads it as dense memory
+        if not self._static_batch or batch == self._static_batch:
+            return data
+        padding = np.zeros((self._static_batch - batch, *data.shape[1:]), data.dtype)
+        return np.concatenate([data, padding])
+
+    def _output(self, name: str, infer_request, batch: int) -> InferTensor:
+        spec = self._outputs[name]
+        array = infer_request.get_output_tensor(spec.index).data
+        array = np.array(array[:batch] if self._static_batch else array)  # a copy: the next run reuses the memory
+        if spec.dims is not None:
+            array = array.reshape(array.shape[:1 if self.max_batch_size > 0 else 0] + spec.dims)
+        return InferTensor(name, spec.datatype, list(array.shape), array)
