@@ -1,0 +1,231 @@
+"""The process one Python model instance runs in: loads `model.py`, runs `TritonPythonModel`, answers the server.
+
+Started as `python -m modelplex_python.worker <socket fd>`. The main thread runs `initialize`, each
+`execute` (one at a time, as Triton does) and `finalize`; a reader thread takes frames off the socket
+and routes BLS answers to the threads waiting for them. A crash here ends only this process.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+from triton_python_backend_utils._request import InferenceResponseSender, runtime
+
+from .protocol import Channel, ChannelClosed, decode_tensor, encode_tensor
+
+
+def load_model_class(model_file: str):
+    """`TritonPythonModel` from model.py; its folder goes on sys.path so it can import its neighbours."""
+    path = Path(model_file)
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model"] = module
+    spec.loader.exec_module(module)
+    try:
+        return module.TritonPythonModel
+    except AttributeError:
+        raise pb_utils.TritonModelException(f"{path} defines no class TritonPythonModel") from None
+
+
+def describe(error: BaseException) -> str:
+    """What the client sees of an exception from model code: Triton's own exceptions by message only."""
+    if isinstance(error, pb_utils.TritonModelException):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+# ---- pb_utils objects <-> frames -------------------------------------------------------------
+def encode_response(response, buffers: list) -> dict:
+    if not isinstance(response, pb_utils.InferenceResponse):
+        raise pb_utils.TritonModelException(
+            f"expected a pb_utils.InferenceResponse, got {type(response).__name__}")
+    if response.has_error():
+        error = response.error()
+        return {"error": {"message": error.message(), "code": error.code()}}
+    outputs = []
+    for tensor in response.output_tensors():
+        if not isinstance(tensor, pb_utils.Tensor):
+            raise pb_utils.TritonModelException(
+                f"output_tensors must hold pb_utils.Tensor objects, got {type(tensor).__name__}")
+        outputs.append(encode_tensor(tensor.name(), tensor.as_numpy(), buffers))
+    return {"outputs": outputs, "parameters": response._parameters}
+
+
+def decode_response(desc: dict, buffers: list) -> pb_utils.InferenceResponse:
+    if desc.get("error"):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(desc["error"]["message"], desc["error"]["code"]))
+    outputs = [pb_utils.Tensor(t["name"], decode_tensor(t, buffers)) for t in desc["outputs"]]
+    return pb_utils.InferenceResponse(outputs, parameters=desc.get("parameters"))
+
+
+def encode_request(request: pb_utils.InferenceRequest, buffers: list) -> dict:
+    return {"model_name": request.model_name, "model_version": request.model_version,
+            "id": request.request_id(), "inputs": [encode_tensor(t.name(), t.as_numpy(), buffers)
+                                                   for t in request.inputs()],
+            "outputs": request.requested_output_names(), "parameters": request._parameters}
+
+
+class Worker:
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # execute / finalize, for the main thread
+        self.model = None
+        self.decoupled = False
+        self._bls_replies: dict[int, queue.SimpleQueue] = {}
+        self._bls_ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None  # for `async def execute`, made on first use
+
+    def run(self) -> None:
+        header, _ = self.channel.receive()
+        try:
+            model_class = load_model_class(header["model_file"])
+            if header["op"] == "auto_complete":
+                self.channel.send({"op": "config", "config": self._auto_complete(model_class, header["config"])})
+                return
+            self.decoupled = header["decoupled"]
+            runtime.bls = self.bls
+            self.model = model_class()
+            if hasattr(self.model, "initialize"):
+                self.model.initialize(header["args"])
+        except Exception as e:
+            traceback.print_exc()
+            self.channel.send({"op": "init_error", "message": describe(e)})
+            return
+        self.channel.send({"op": "ready"})
+        threading.Thread(target=self._read, name="modelplex-reader", daemon=True).start()
+        while True:
+            header, buffers = self.inbox.get()
+            if header["op"] == "finalize":
+                self._finalize()
+                return
+            self._execute(header, buffers)
+
+    def _auto_complete(self, model_class, config_json: str) -> str:
+        config = pb_utils.ModelConfig(config_json)
+        if hasattr(model_class, "auto_complete_config"):
+            config = model_class.auto_complete_config(config)
+            if not isinstance(config, pb_utils.ModelConfig):
+                raise pb_utils.TritonModelException("auto_complete_config must return the pb_utils.ModelConfig")
+        return json.dumps(config.as_dict())
+
+    def _read(self) -> None:
+        try:
+            while True:
+                header, buffers = self.channel.receive()
+                if header["op"] == "bls_response":
+                    replies = self._bls_replies.get(header["id"])
+                    if replies is not None:
+                        replies.put((header, buffers))
+                else:
+                    self.inbox.put((header, buffers))
+        except ChannelClosed:
+            os._exit(0)  # the server is gone: nobody is left to answer
+
+    # ---- execute --------------------------------------------------------------------------
+    def _execute(self, header: dict, buffers: list) -> None:
+        call_id = header["id"]
+        requests = [self._request(call_id, index, desc, buffers) for index, desc in enumerate(header["requests"])]
+        try:
+            result = self.model.execute(requests)
+            if inspect.isawaitable(result):
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                result = self._loop.run_until_complete(result)
+            if self.decoupled:
+                if result is not None:
+                    raise pb_utils.TritonModelException("a decoupled model's execute must return None and send "
+                                                        "its responses with request.get_response_sender()")
+                self.channel.send({"op": "executed", "id": call_id})
+                return
+            if not isinstance(result, (list, tuple)) or len(result) != len(requests):
+                got = f"{len(result)} responses" if isinstance(result, (list, tuple)) else type(result).__name__
+                raise pb_utils.TritonModelException(f"execute returned {got} for {len(requests)} request(s)")
+            out_buffers: list = []
+            responses = [encode_response(r, out_buffers) for r in result]
+        except Exception as e:
+            traceback.print_exc()  # the whole traceback for the server log; the client gets its last line
+            self.channel.send({"op": "error", "id": call_id, "message": describe(e)})
+            return
+        self.channel.send({"op": "responses", "id": call_id, "responses": responses}, out_buffers)
+
+    def _request(self, call_id: int, index: int, desc: dict, buffers: list) -> pb_utils.InferenceRequest:
+        inputs = [pb_utils.Tensor(t["name"], decode_tensor(t, buffers)) for t in desc["inputs"]]
+        request = pb_utils.InferenceRequest(request_id=desc["id"], inputs=inputs,
+                                            requested_output_names=desc["outputs"],
+                                            parameters=desc["parameters"])
+        if self.decoupled:
+            request._sender = InferenceResponseSender(lambda response, final: self._stream(call_id, index,
+                                                                                           response, final))
+        return request
+
+    def _stream(self, call_id: int, index: int, response, final: bool) -> None:
+        """One response of a decoupled model, from whichever thread the model sends it."""
+        header = {"op": "send", "id": call_id, "index": index, "final": final}
+        buffers: list = []
+        try:
+            header["response"] = None if response is None else encode_response(response, buffers)
+        except pb_utils.TritonModelException as e:
+            self.channel.send(header | {"error": str(e), "final": True})
+            raise
+        self.channel.send(header, buffers)
+
+    def _finalize(self) -> None:
+        try:
+            if hasattr(self.model, "finalize"):
+                self.model.finalize()
+        except Exception:  # noqa: BLE001 - the process ends either way; the log says why
+            traceback.print_exc()
+        self.channel.send({"op": "finalized"})
+
+    # ---- BLS: calls to other models through the server ----------------------------------------
+    def bls(self, request: pb_utils.InferenceRequest, decoupled: bool):
+        call_id = next(self._bls_ids)
+        replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._bls_replies[call_id] = replies
+        buffers: list = []
+        try:
+            self.channel.send({"op": "bls", "id": call_id, "decoupled": decoupled,
+                               "request": encode_request(request, buffers)}, buffers)
+        except BaseException:
+            del self._bls_replies[call_id]
+            raise
+        if decoupled:
+            return self._bls_responses(call_id, replies)
+        try:
+            header, buffers = replies.get()
+            return decode_response(header["response"], buffers)
+        finally:
+            del self._bls_replies[call_id]
+
+    def _bls_responses(self, call_id: int, replies: queue.SimpleQueue):
+        try:
+            while True:
+                header, buffers = replies.get()
+                if header.get("response") is not None:
+                    yield decode_response(header["response"], buffers)
+                if header["final"]:
+                    return
+        finally:
+            del self._bls_replies[call_id]
+
+
+def main() -> None:
+    channel = Channel(socket.socket(fileno=int(sys.argv[1])))
+    Worker(channel).run()
+    channel.close()
+
+
+if __name__ == "__main__":
+    main()
