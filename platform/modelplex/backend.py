@@ -45,6 +45,9 @@ class InstanceContext:
     index: int
     kind: str  # "CPU", "GPU", "AUTO" or "MODEL" (Triton's KIND_* without the prefix)
     device_id: int = 0
+    # For an instance that can no longer serve (its worker process died): the host marks the model
+    # version UNAVAILABLE with `reason` until it is reloaded. Safe to call from any thread.
+    report_failure: Callable[[str], None] = field(default=lambda reason: None, repr=False)
 
 
 class ModelInstance(ABC):

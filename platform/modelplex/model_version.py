@@ -46,6 +46,7 @@ class ModelVersion:
 
     async def load(self) -> None:
         """Create every instance of every instance_group off the event loop."""
+        self._loop = asyncio.get_running_loop()
         start = time.perf_counter()
         for ictx in self._instance_contexts():
             instance = await asyncio.to_thread(self.spec.create_instance, ictx)
@@ -53,7 +54,8 @@ class ModelVersion:
             for _ in range(max(1, self.spec.max_concurrency_per_instance)):
                 self._idle.put_nowait(instance)
         self.stats.load_seconds = time.perf_counter() - start
-        self.state, self.reason = ModelState.READY, ""
+        if self.state is ModelState.LOADING:  # not if an instance already died
+            self.state, self.reason = ModelState.READY, ""
 
     def _instance_contexts(self) -> list[InstanceContext]:
         from tritonclient.grpc import model_config_pb2 as pb
@@ -65,8 +67,18 @@ class ModelVersion:
             name = group.name or f"{self.name}_{group_index}"
             for device_id in gpus if kind == "GPU" else [0]:
                 for i in range(max(1, group.count)):
-                    contexts.append(InstanceContext(self.ctx, f"{name}_{i}", len(contexts), kind, device_id))
+                    contexts.append(InstanceContext(self.ctx, f"{name}_{i}", len(contexts), kind, device_id,
+                                                    report_failure=self._report_failure))
         return contexts
+
+    def _report_failure(self, reason: str) -> None:
+        """An instance died (any thread): refuse requests with `reason` until the model is reloaded."""
+        self._loop.call_soon_threadsafe(self._mark_failed, reason)
+
+    def _mark_failed(self, reason: str) -> None:
+        if self.state in (ModelState.LOADING, ModelState.READY):
+            log.error("model %s version %s is unavailable: %s", self.name, self.version, reason)
+            self.state, self.reason = ModelState.UNAVAILABLE, reason
 
     @property
     def is_ready(self) -> bool:
