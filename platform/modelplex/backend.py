@@ -9,10 +9,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from .errors import Unsupported
 from .tensors import InferRequest, InferResponse
+
+if TYPE_CHECKING:
+    from .dataplane import DataPlane
+    from .stats import ModelStats
 
 
 @dataclass
@@ -20,7 +24,9 @@ class ModelContext:
     """What a backend knows about the model version it serves.
 
     `config` is Triton's `ModelConfig` protobuf message (mutable during auto-complete only);
-    `parameters` flattens `config.parameters` to plain strings.
+    `parameters` flattens `config.parameters` to plain strings. `dataplane` lets a backend that
+    composes models (ensembles) call other models through the one request path; `stats` is the
+    version's statistics. Both are set by the host.
     """
 
     name: str
@@ -29,6 +35,8 @@ class ModelContext:
     version_path: Path
     config: object
     parameters: dict[str, str] = field(default_factory=dict)
+    dataplane: DataPlane | None = None
+    stats: ModelStats | None = None
 
     @property
     def model_file(self) -> Path:

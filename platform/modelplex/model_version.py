@@ -8,6 +8,7 @@ import time
 from typing import AsyncIterator
 
 from .backend import BackendSpec, InstanceContext, ModelContext, ModelInstance
+from .batching import DynamicBatcher
 from .errors import InternalError, ModelplexError, Unavailable
 from .stats import ModelStats
 from .tensors import InferRequest, InferResponse
@@ -43,6 +44,10 @@ class ModelVersion:
         self.inflight = 0
         self._idle: asyncio.Queue[ModelInstance] = asyncio.Queue()
         self._drained = asyncio.Event()
+        ctx.stats = stats
+        # Decoupled models stream per request; Triton batches only models answering once.
+        self.batcher = (DynamicBatcher(ctx.config, self._idle, stats)
+                        if ctx.config.HasField("dynamic_batching") and not self.decoupled else None)
 
     async def load(self) -> None:
         """Create every instance of every instance_group off the event loop."""
@@ -53,6 +58,8 @@ class ModelVersion:
             self.instances.append(instance)
             for _ in range(max(1, self.spec.max_concurrency_per_instance)):
                 self._idle.put_nowait(instance)
+        if self.batcher is not None:
+            self.batcher.start(len(self.instances))
         self.stats.load_seconds = time.perf_counter() - start
         if self.state is ModelState.LOADING:  # not if an instance already died
             self.state, self.reason = ModelState.READY, ""
@@ -104,6 +111,8 @@ class ModelVersion:
             raise
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        if self.batcher is not None:
+            return await self._infer_batched(request)
         start = _now()
         batch = self._check(request, start)
         self._admit()
@@ -131,6 +140,25 @@ class ModelVersion:
             self.stats.record_request(False, _now() - start, queue_ns, 0, infer_ns, 0, "BACKEND")
             log.exception("model %s version %s failed", self.name, self.version)
             raise InternalError(f"model '{self.name}' version {self.version} failed: {e}") from e
+        finally:
+            self._release()
+
+    async def _infer_batched(self, request: InferRequest) -> InferResponse:
+        """The dynamic batcher's path: queued, run with other requests, split back by the backend."""
+        start = _now()
+        batch = self._check(request, start)
+        self._admit()
+        try:
+            pending = await self.batcher.run(request, batch, start)
+            response = pending.future.result()
+            response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
+            self.stats.record_request(True, _now() - start, pending.queue_ns, 0, pending.infer_ns, 0)
+            return response
+        except ModelplexError as e:
+            # Queue full or timed out: Triton counts these as REJECTED.
+            reason = "REJECTED" if isinstance(e, Unavailable) else "BACKEND"
+            self.stats.record_request(False, _now() - start, 0, 0, 0, 0, reason)
+            raise
         finally:
             self._release()
 
@@ -165,6 +193,8 @@ class ModelVersion:
             except asyncio.TimeoutError:
                 log.warning("model %s version %s: %d requests still running after %.0fs; unloading anyway",
                             self.name, self.version, self.inflight, timeout)
+        if self.batcher is not None:
+            self.batcher.close()
         for instance in self.instances:
             try:
                 await instance.close()
