@@ -1,1 +1,1 @@
-"""Ensembles: DAG pipelines from ensemble_scheduling, run through the data plane (not built yet)."""
+"""Ensembles: the DAG of `ensemble_scheduling`, checked at load, run step by step through the data plane."""

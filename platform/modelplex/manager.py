@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import logging
 import shutil
 import tempfile
@@ -22,6 +23,9 @@ from .settings import ServerConfig
 from .stats import ModelStats
 
 log = logging.getLogger(__name__)
+# Models whose load is waiting on this one (an ensemble loads its step models first): a name
+# already in the chain means ensembles that contain each other.
+_LOAD_CHAIN: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("load_chain", default=())
 
 
 @dataclass
@@ -43,6 +47,7 @@ class ModelManager:
         self.repository = ModelRepository(settings.model_repositories)
         self.entries: dict[str, ModelEntry] = {}
         self._poll_task: asyncio.Task | None = None
+        self.dataplane = None  # the DataPlane serving this manager, given to backends (set by the server)
 
     # ---- lookup -------------------------------------------------------------------------
     def get(self, name: str, version: str = "") -> ModelVersion:
@@ -113,7 +118,7 @@ class ModelManager:
     async def stop(self) -> None:
         if self._poll_task:
             self._poll_task.cancel()
-        await asyncio.gather(*(self.unload(n) for n in list(self.entries)), return_exceptions=True)
+        await asyncio.gather(*(self._unload_entry(n) for n in list(self.entries)), return_exceptions=True)
 
     async def _load_logged(self, name: str) -> None:
         try:
@@ -124,7 +129,18 @@ class ModelManager:
     async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
         """Load or reload `name` (optionally with an overriding config and files, as Triton's load API)."""
         check_name(name)
+        chain = _LOAD_CHAIN.get()
+        if name in chain:
+            raise InvalidInput(f"ensembles use each other: {' -> '.join(chain + (name,))}")
         entry = self.entries.setdefault(name, ModelEntry(name))
+        token = _LOAD_CHAIN.set(chain + (name,))
+        try:
+            await self._load_locked(entry, name, config_json, files)
+        finally:
+            _LOAD_CHAIN.reset(token)
+
+    async def _load_locked(self, entry: ModelEntry, name: str, config_json: str | None,
+                           files: dict[str, bytes] | None) -> None:
         async with entry.lock:
             try:
                 location = self._location(name, entry, config_json, files)
@@ -164,6 +180,7 @@ class ModelManager:
     async def _load_versions(self, entry: ModelEntry, location: ModelLocation, config_json: str | None) -> None:
         config = (mc.parse_json(config_json) if config_json is not None
                   else mc.load_config_file(location.config_path))
+        await self._load_steps(entry.name, config)
         spec = self._complete(config, location)
         versions = mc.select_versions(config, location.versions())
         if not versions:
@@ -194,6 +211,33 @@ class ModelManager:
         entry.fingerprint = location.fingerprint()
         for mv in old_versions:
             await self._retire(mv)
+
+    # ---- ensembles: step models load first and cannot go while an ensemble uses them -------
+    async def _load_steps(self, name: str, config) -> None:
+        """Load the step models of an ensemble that are not ready yet (as Triton does)."""
+        for number, step in enumerate(config.ensemble_scheduling.step, 1):
+            model = step.model_name
+            try:
+                entry = self.entries.get(model)
+                if entry is not None and name in self._steps_of(model, transitive=True):
+                    raise InvalidInput(f"ensembles use each other: '{model}' uses '{name}'")
+                if entry is None or not any(mv.is_ready for mv in entry.versions.values()):
+                    await self.load(model)
+            except ModelplexError as e:
+                raise InvalidInput(f"ensemble '{name}' step {number} (model '{model}'): {e.message}") from None
+
+    def _steps_of(self, name: str, transitive: bool = False) -> set[str]:
+        """Models the loaded versions of ensemble `name` call (and, transitively, what those call)."""
+        entry = self.entries.get(name)
+        found = {step.model_name for mv in (entry.versions.values() if entry else ())
+                 for step in mv.config.ensemble_scheduling.step}
+        if transitive:
+            for model in list(found):
+                found |= self._steps_of(model, transitive=True)
+        return found
+
+    def _ensembles_using(self, name: str) -> list[str]:
+        return sorted(e.name for e in list(self.entries.values()) if e.name != name and name in self._steps_of(e.name))
 
     def _complete(self, config, location: ModelLocation) -> BackendSpec:
         """Fill the config as Triton does without --strict-model-config; returns the backend for it."""
@@ -243,7 +287,7 @@ class ModelManager:
     def _context(self, name: str, version: int, location: ModelLocation, config) -> ModelContext:
         return ModelContext(name=name, version=version, model_path=location.path,
                             version_path=location.path / str(version), config=config,
-                            parameters=mc.parameters_of(config))
+                            parameters=mc.parameters_of(config), dataplane=self.dataplane)
 
     def _new_version(self, name, version, location, config, spec, fingerprint) -> ModelVersion:
         ctx = self._context(name, version, location, config)
@@ -254,7 +298,26 @@ class ModelManager:
         await mv.unload(self.settings.unload_timeout_secs)
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload `name`. A model that loaded ensembles use is refused unless `unload_dependents`,
+        which unloads those ensembles first and, for an ensemble, its step models that no other
+        loaded ensemble uses (Triton's meaning of the flag)."""
         check_name(name)
+        users = self._ensembles_using(name)
+        if users and not unload_dependents:
+            raise InvalidInput(f"model '{name}' is used by loaded ensemble(s) {', '.join(users)}: unload "
+                               "them first, or unload with unload_dependents")
+        steps = self._steps_of(name) if unload_dependents else set()
+        await self._unload_with_users(name)
+        for step in sorted(steps):
+            if not self._ensembles_using(step):
+                await self._unload_with_users(step)
+
+    async def _unload_with_users(self, name: str) -> None:
+        for user in self._ensembles_using(name):
+            await self._unload_with_users(user)
+        await self._unload_entry(name)
+
+    async def _unload_entry(self, name: str) -> None:
         entry = self.entries.get(name)
         if entry is None:
             if name not in self._known():
@@ -286,4 +349,4 @@ class ModelManager:
                 await self._load_logged(name)
         for name in list(self.entries):
             if name not in found and self.entries[name].versions and self.entries[name].override_dir is None:
-                await self.unload(name)
+                await self._unload_with_users(name)  # gone from disk: ensembles using it go too

@@ -36,6 +36,7 @@ class Server:
         self.manager = ModelManager(settings, collect_backends(self.pm))
         self.registry = CollectorRegistry()  # this instance's own; never the global one
         self.dataplane = DataPlane(settings, self.manager)
+        self.manager.dataplane = self.dataplane  # ensembles call their steps through it
         self.ports: dict[str, int] = {}
         self._http = self._grpc = self._metrics_httpd = None
         self._http_task: asyncio.Task | None = None

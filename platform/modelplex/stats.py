@@ -42,6 +42,7 @@ class ModelStats:
         self.phases = {p: Duration() for p in self._PHASES}
         self.failures: dict[str, int] = defaultdict(int)
         self.batches: dict[int, BatchStats] = {}
+        self.steps: dict[str, Duration] = {}  # ensembles: time in each step, "<step>:<model>"
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One backend call that served `batch_size` inferences."""
@@ -53,6 +54,12 @@ class ModelStats:
         batch.compute_input.add(input_ns)
         batch.compute_infer.add(infer_ns)
         batch.compute_output.add(output_ns)
+
+    def record_step(self, step: str, ns: int) -> None:
+        duration = self.steps.get(step)
+        if duration is None:
+            duration = self.steps[step] = Duration()
+        duration.add(ns)
 
     def record_request(self, ok: bool, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
                        output_ns: int, reason: str = "OTHER") -> None:
@@ -70,7 +77,7 @@ class ModelStats:
             self.failures[reason] += 1
 
     def to_dict(self) -> dict:
-        return {
+        data = {
             "name": self.name,
             "version": self.version,
             "last_inference": self.last_inference_ms,
@@ -85,3 +92,6 @@ class ModelStats:
             ],
             "memory_usage": [],
         }
+        if self.steps:  # not in Triton's schema: JSON only (the gRPC message has no such field)
+            data["step_stats"] = [{"step": step, **d.to_dict()} for step, d in self.steps.items()]
+        return data

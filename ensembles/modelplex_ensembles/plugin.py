@@ -1,0 +1,35 @@
+"""Declares the ensemble backend (`platform: "ensemble"`) to modelplex."""
+from __future__ import annotations
+
+from modelplex import BackendSpec, InstanceContext, ModelContext, ModelInstance, hookimpl
+
+# One ensemble instance holds no per-request state and only awaits its steps, so the host may
+# route this many requests through it at once (each step model still has its own limits).
+MAX_CONCURRENT_REQUESTS = 1024
+
+
+def _create_instance(ictx: InstanceContext) -> ModelInstance:
+    from .executor import EnsembleInstance
+
+    return EnsembleInstance(ictx)
+
+
+def _auto_complete_config(ctx: ModelContext) -> None:
+    """An ensemble whose step streams (a decoupled model) streams too, as in Triton."""
+    if ctx.dataplane is None:
+        return
+    for step in ctx.config.ensemble_scheduling.step:
+        version = str(step.model_version) if step.model_version >= 0 else ""
+        try:
+            step_config = ctx.dataplane.model_config(step.model_name, version)
+        except Exception:  # noqa: BLE001 - the load-time DAG check reports it, naming the step
+            continue
+        if step_config.model_transaction_policy.decoupled:
+            ctx.config.model_transaction_policy.decoupled = True
+
+
+@hookimpl
+def modelplex_backends():
+    return [BackendSpec(name="ensemble", platforms=("ensemble",), create_instance=_create_instance,
+                        auto_complete_config=_auto_complete_config,
+                        max_concurrency_per_instance=MAX_CONCURRENT_REQUESTS)]
