@@ -23,7 +23,7 @@ def worker_init(ictx: InstanceContext) -> tuple[dict, float]:
     ctx = ictx.model
     args = {
         "model_config": mc.to_json(ctx.config),
-        "model_instance_kind": ictx.kind,
+        "model_instance_kind": "CPU" if ictx.kind == "AUTO" else ictx.kind,  # no GPU is ever picked here
         "model_instance_name": ictx.name,
         "model_instance_device_id": str(ictx.device_id),
         "model_repository": str(ctx.model_path),

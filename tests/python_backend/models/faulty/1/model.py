@@ -1,0 +1,26 @@
+"""Misbehaves as MODE says: raise, error (a TritonError response), count (two responses for one request),
+dtype (FP64 where the config says FP32), not_tensor (a list among output tensors), none (returns None);
+anything else answers OUT = 1."""
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        mode = pb_utils.get_input_tensor_by_name(requests[0], "MODE").as_numpy()[0].decode()
+        good = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float32))])
+        if mode == "raise":
+            raise ValueError("the model broke on purpose")
+        if mode == "error":
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError("MODE is not valid",
+                                                                          pb_utils.TritonError.INVALID_ARG))]
+        if mode == "count":
+            return [good, good]
+        if mode == "dtype":
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float64))])]
+        if mode == "not_tensor":
+            return [pb_utils.InferenceResponse([[1.0]])]
+        if mode == "none":
+            return None
+        return [good]
