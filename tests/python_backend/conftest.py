@@ -23,6 +23,10 @@ def python_repo(tmp_path_factory) -> Path:
     return out
 
 
+# Only the backends these tests use: a plugin being worked on elsewhere cannot break them.
+SERVER_ENV = {"MODELPLEX_PLUGINS": "onnx,python,ensemble"}
+
+
 def load_args(models: list[str]) -> list[str]:
     args = ["--model-control-mode", "explicit"]
     for model in models:
@@ -35,5 +39,5 @@ def python_server(python_repo):
     """One server for the tests that leave every model as they found it."""
     from serverproc import ServerProcess
 
-    with ServerProcess([python_repo], *load_args(SERVED)) as server:
+    with ServerProcess([python_repo], *load_args(SERVED), env=SERVER_ENV) as server:
         yield server

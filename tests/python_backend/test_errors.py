@@ -1,0 +1,59 @@
+"""Python models that misbehave: each failure is a clear error naming the model, and nothing else is affected."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from clients import http_infer, inputs, stream, text
+
+
+@pytest.mark.parametrize("mode, status, message", [
+    ("raise", "500", "model 'faulty' failed in execute: ValueError: the model broke on purpose"),
+    ("error", "400", "model 'faulty': MODE is not valid"),
+    ("count", "500", "execute returned 2 responses for 1 request(s)"),
+    ("none", "500", "execute returned NoneType for 1 request(s)"),
+    ("dtype", "500", "model 'faulty' returned output 'OUT' as FP64, its config declares FP32"),
+    ("not_tensor", "500", "output_tensors must hold pb_utils.Tensor objects, got list"),
+])
+def test_a_misbehaving_execute_fails_only_its_request(python_server, mode, status, message):
+    with pytest.raises(httpclient.InferenceServerException) as e:
+        http_infer(python_server, "faulty", MODE=text(mode))
+    assert e.value.status() == status
+    assert message in e.value.message() and "faulty" in e.value.message()
+    # The same worker keeps serving.
+    assert http_infer(python_server, "faulty", MODE=text("ok")).as_numpy("OUT").tolist() == [1.0]
+
+
+def test_a_failing_initialize_fails_the_load_with_its_message(python_server):
+    client = httpclient.InferenceServerClient(python_server.http_url)
+    with pytest.raises(httpclient.InferenceServerException) as e:
+        client.load_model("init_fails")
+    assert "init_fails" in e.value.message() and "no weights for this model" in e.value.message()
+    row = next(r for r in client.get_model_repository_index() if r["name"] == "init_fails")
+    assert row["state"] == "UNAVAILABLE" and "no weights for this model" in row["reason"]
+    assert client.is_model_ready("add_sub")
+
+
+def test_a_decoupled_model_is_only_streamed(python_server):
+    with pytest.raises(httpclient.InferenceServerException) as e:
+        http_infer(python_server, "square_int32", IN=np.array([1], np.int32))
+    assert e.value.status() == "400" and "decoupled" in e.value.message()
+
+
+def test_a_decoupled_execute_that_raises_is_an_error_in_the_stream(python_server):
+    responses = stream(python_server, "repeat_int32", [
+        {"IN": np.array([1, 2], np.int32), "DELAY": np.array([1], np.uint32), "WAIT": np.array([0], np.uint32)}])
+    assert len(responses["0"]) == 1
+    assert "repeat_int32" in responses["0"][0] and "IN and DELAY shapes differ" in responses["0"][0]
+    # The instance is free again: a good request on a new stream is answered in full.
+    good = stream(python_server, "repeat_int32", [
+        {"IN": np.array([7], np.int32), "DELAY": np.array([0], np.uint32), "WAIT": np.array([0], np.uint32)}])
+    assert [int(r.as_numpy("OUT")[0]) for r in good["0"][:-1]] == [7]
+
+
+def test_inputs_the_config_does_not_declare_never_reach_the_worker(python_server):
+    client = grpcclient.InferenceServerClient(python_server.grpc_url)
+    with pytest.raises(grpcclient.InferenceServerException) as e:
+        client.infer("add_sub", inputs(grpcclient, INPUT0=np.ones(4, np.float32), INPUT9=np.ones(4, np.float32)))
+    assert "INPUT9" in e.value.message()
