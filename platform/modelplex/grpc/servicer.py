@@ -96,8 +96,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # ---- statistics and repository ------------------------------------------------------
     @guarded
     async def ModelStatistics(self, request, context):
-        stats = self.dataplane.statistics(request.name, request.version)
-        return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+        return as_message(self.dataplane.statistics(request.name, request.version), pb.ModelStatisticsResponse)
 
     @guarded
     async def RepositoryIndex(self, request, context):
