@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from modelplex import InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput, ModelInstance
+from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
+                       ModelInstance)
 from modelplex_onnx.config_check import check_config
 
 from .devices import configured_device, select_device, shared_core
@@ -75,9 +76,15 @@ class OpenVINOInstance(ModelInstance):
         for _ in range(self.num_requests):
             self._idle.put_nowait(self.compiled_model.create_infer_request())
         self._executor = ThreadPoolExecutor(self.num_requests, thread_name_prefix=f"openvino-{ictx.name}")
-        log.info("model %s instance %s: %s on %s, %d infer requests, %s streams, precision %s", ctx.name, ictx.name,
-                 ctx.model_file.name, self.device, self.num_requests, self.compiled_model.get_property("NUM_STREAMS"),
-                 self.compiled_model.get_property("INFERENCE_PRECISION_HINT").get_type_name())
+        log.info("model %s instance %s: on %s, %d infer requests, %s streams, precision %s%s", ctx.name, ictx.name,
+                 self.device, self.num_requests, self.compiled_model.get_property("NUM_STREAMS"),
+                 self.compiled_model.get_property("INFERENCE_PRECISION_HINT").get_type_name(),
+                 ", loaded from the cache" if self.loaded_from_cache else "")
+
+    @property
+    def loaded_from_cache(self) -> bool:
+        """The compiled model came from `CACHE_DIR` instead of being compiled again."""
+        return bool(self.compiled_model.get_property("LOADED_FROM_CACHE"))
 
     @property
     def num_idle_requests(self) -> int:
@@ -102,24 +109,17 @@ class OpenVINOInstance(ModelInstance):
 
     # ---- on a pool thread ---------------------------------------------------------------
     def _run(self, infer_request, request: InferRequest) -> InferResponse:
-        import openvino as ov
-
         batch = request.inputs[0].data.shape[0] if self.max_batch_size > 0 and request.inputs else 0
+        feeds = {self._input_index[t.name]: self._padded(t.data, batch) for t in request.inputs}
         try:
-            for tensor in request.inputs:
-                data = self._padded(tensor.data, batch)
-                infer_request.set_input_tensor(self._input_index[tensor.name], ov.Tensor(data, shared_memory=True))
-        except RuntimeError as e:
-            raise InvalidInput(f"model '{self.model_name}': {_last_line(e)}") from None
-        try:
-            infer_request.infer()
+            # share_inputs: OpenVINO reads the request's arrays in place (read-only ones too, as gRPC's are).
+            infer_request.infer(feeds, share_inputs=True)
         except RuntimeError as e:
             raise InternalError(f"model '{self.model_name}': OpenVINO failed: {_last_line(e)}") from None
         names = [o.name for o in request.outputs] if request.outputs else self._output_names
         return InferResponse(self.model_name, "", [self._output(name, infer_request, batch) for name in names])
 
     def _padded(self, data: np.ndarray, batch: int) -> np.ndarray:
-        data = np.ascontiguousarray(data)  # shared with OpenVINO, which reads it as dense memory
         if not self._static_batch or batch == self._static_batch:
             return data
         padding = np.zeros((self._static_batch - batch, *data.shape[1:]), data.dtype)

@@ -35,9 +35,10 @@ def devices_router() -> APIRouter:
 @hookimpl
 def modelplex_backends():
     from .instance import MAX_CONCURRENCY
+    from .signature import DEFAULT_MODEL_FILENAME
 
     # No platform string: Triton has none for OpenVINO, only the backend name.
-    return [BackendSpec(name="openvino", default_model_filename="model.xml", create_instance=_create_instance,
+    return [BackendSpec(name="openvino", default_model_filename=DEFAULT_MODEL_FILENAME, create_instance=_create_instance,
                         auto_complete_config=_auto_complete_config, max_concurrency_per_instance=MAX_CONCURRENCY)]
 
 

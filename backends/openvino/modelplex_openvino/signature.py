@@ -2,6 +2,8 @@
 so the config completion and checks are the ONNX backend's own (Triton's rules for both)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from modelplex import InvalidInput, ModelContext
 from modelplex_onnx.signature import TensorSignature
 
@@ -23,10 +25,23 @@ OV_TO_ONNX_TYPE = {
 }
 
 
+DEFAULT_MODEL_FILENAME = "model.xml"
+
+
+def version_model_file(ctx: ModelContext) -> Path:
+    """The version's model file: `default_model_filename`, or `model.onnx` when the default IR is absent
+    (an ONNX model under `backend: "openvino"` needs no `default_model_filename`)."""
+    path = ctx.model_file
+    onnx_file = ctx.version_path / "model.onnx"
+    if path.name == DEFAULT_MODEL_FILENAME and not path.exists() and onnx_file.is_file():
+        return onnx_file
+    return path
+
+
 def read_model(core, ctx: ModelContext):
     """`Core.read_model` on the version's model file (IR `.xml` + `.bin`, or `.onnx`), with the reason
     in the error when it cannot be read."""
-    model_file = ctx.model_file
+    model_file = version_model_file(ctx)
     if not model_file.is_file():
         raise InvalidInput(f"model '{ctx.name}': {model_file} is not a file")
     if model_file.suffix == ".xml" and not model_file.with_suffix(".bin").is_file():
