@@ -66,6 +66,8 @@ BAD = [
      "the body carries 68 bytes of binary tensor data but the inputs' binary_data_size add up to 64"),
     ("bad header length", "/v2/models/simple/infer", orjson.dumps(GOOD), {"Inference-Header-Content-Length": "x"},
      400, "invalid Inference-Header-Content-Length 'x'"),
+    ("non-ASCII digit in the header length", "/v2/models/simple/infer", orjson.dumps(GOOD),
+     {"Inference-Header-Content-Length": "\u00b2".encode("latin-1")}, 400, "invalid Inference-Header-Content-Length"),
     ("unknown input", "/v2/models/simple/infer", with_input(name="INPUT9"), {}, 400,
      "unexpected inference input 'INPUT9' for model 'simple'"),
     ("unknown output", "/v2/models/simple/infer", orjson.dumps(GOOD | {"outputs": [{"name": "OUT"}]}), {}, 400,

@@ -18,9 +18,7 @@ async def read_body(receive, content_length: str | None, content_encoding: str |
     without copying). A body over `limit` is refused before reading it when Content-Length says so,
     and as soon as a streamed or decompressed body passes the limit."""
     if content_length is not None:
-        if not content_length.isdigit():
-            raise InvalidInput(f"invalid Content-Length {content_length!r}")
-        if int(content_length) > limit:
+        if parse_length(content_length, "Content-Length") > limit:
             raise InvalidInput(f"request body of {content_length} bytes exceeds the server's limit of {limit} bytes")
     body = bytearray()
     more = True
@@ -35,6 +33,13 @@ async def read_body(receive, content_length: str | None, content_encoding: str |
     if content_encoding is not None and content_encoding.lower() != "identity":
         body = decompress(body, content_encoding.lower(), limit)
     return body
+
+
+def parse_length(value: str, header: str) -> int:
+    """A byte count header: plain ASCII digits only (str.isdigit alone would pass '²')."""
+    if not (value.isascii() and value.isdigit()):
+        raise InvalidInput(f"invalid {header} {value!r}")
+    return int(value)
 
 
 def decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytearray:

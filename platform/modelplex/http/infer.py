@@ -10,9 +10,9 @@ import logging
 import re
 
 from ..dataplane import DataPlane
-from ..errors import InvalidInput, ModelplexError
+from ..errors import ModelplexError
 from ..settings import ServerConfig
-from .body import ClientGone, compress, read_body, response_encoding
+from .body import ClientGone, compress, parse_length, read_body, response_encoding
 from .codec import decode_request, encode_error, encode_response
 from .errors import retry_after
 
@@ -55,9 +55,7 @@ class InferEndpoint:
     async def _infer(self, body: bytearray, headers: dict, model: str, version: str) -> tuple[list, bytes]:
         header_length = headers.get(b"inference-header-content-length")
         if header_length is not None:
-            if not header_length.isdigit():
-                raise InvalidInput(f"invalid Inference-Header-Content-Length {header_length!r}")
-            header_length = int(header_length)
+            header_length = parse_length(header_length, "Inference-Header-Content-Length")
         request, fmt = decode_request(body, header_length, model, version)
         response = await self.dataplane.infer(request)
         payload, json_length = encode_response(response, fmt)
