@@ -36,10 +36,11 @@ class PythonInstance(ModelInstance):
         self.model_name, self.title = model.name, ictx.name
         self.decoupled = model.config.model_transaction_policy.decoupled
         self.execute_timeout = float(model.parameters.get("execute_timeout_secs") or DEFAULT_EXECUTE_TIMEOUT_SECS)
-        self.dataplane = getattr(model, "dataplane", None)
+        self.dataplane = model.dataplane
         self._output_types = {t.name: t for t in _output_datatypes(model.config)}
-        self._report_failure = getattr(ictx, "report_failure", None)
+        self._report_failure = ictx.report_failure
         self._calls: dict[int, asyncio.Future | asyncio.Queue] = {}
+        self._bls_tasks: set[asyncio.Task] = set()  # held here: the loop keeps only weak references
         self._call_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None  # known once the first call arrives
         self._dead_reason: str | None = None
@@ -94,6 +95,7 @@ class PythonInstance(ModelInstance):
             self._calls.pop(call_id, None)
 
     async def close(self) -> None:
+        self._loop = asyncio.get_running_loop()  # the worker's last frames may come before any call did
         worker = self.worker
         worker.closing = True
         if worker.proc.poll() is None:
@@ -145,12 +147,15 @@ class PythonInstance(ModelInstance):
 
     # ---- from the worker's reader thread --------------------------------------------------
     def _on_message(self, header: dict, buffers: list) -> None:
-        self._loop.call_soon_threadsafe(self._deliver, header, buffers)
+        if self._loop is not None:  # else nothing was asked yet, so nothing waits for it
+            self._loop.call_soon_threadsafe(self._deliver, header, buffers)
 
     def _deliver(self, header: dict, buffers: list) -> None:
         op = header["op"]
         if op == "bls":
-            asyncio.ensure_future(serve_bls(self.dataplane, self.worker, header, buffers))
+            task = asyncio.ensure_future(serve_bls(self.dataplane, self.worker, header, buffers))
+            self._bls_tasks.add(task)
+            task.add_done_callback(self._bls_tasks.discard)
             return
         waiter = self._calls.get(header.get("id"))
         if waiter is None:
@@ -165,8 +170,7 @@ class PythonInstance(ModelInstance):
 
     def _on_exit(self, reason: str) -> None:
         self._dead_reason = reason
-        if self._report_failure is not None:
-            self._report_failure(reason)
+        self._report_failure(reason)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._fail_calls, reason)
 

@@ -1,0 +1,81 @@
+"""The worker protocol and pb_utils on their own (no server): tensors survive the trip bit for bit."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+import triton_python_backend_utils as pb_utils
+from modelplex_python.protocol import Channel, ChannelClosed, decode_tensor, encode_tensor
+
+ARRAYS = {
+    "fp32": np.arange(12, dtype=np.float32).reshape(3, 4),
+    "fp16": np.array([0.5, -2], np.float16),
+    "bool": np.array([[True, False]]),
+    "uint64": np.array([2**64 - 1], np.uint64),
+    "empty": np.zeros((0, 5), np.int32),
+    "scalar": np.array(7, np.int64),
+    "bytes": np.array([[b"a\x00b", b""], [b"\xff" * 300, b"tail"]], dtype=np.object_),
+    "fortran": np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3)),
+}
+
+
+def test_tensors_round_trip_through_a_socket():
+    left, right = socket.socketpair()
+    sender, receiver = Channel(left), Channel(right)
+    buffers: list = []
+    descs = [encode_tensor(name, array, buffers) for name, array in ARRAYS.items()]
+    # Big enough to need several reads, sent from another thread as the worker's threads do.
+    big = np.random.default_rng(0).standard_normal(300_000).astype(np.float32)
+    descs.append(encode_tensor("big", big, buffers))
+    thread = threading.Thread(target=sender.send, args=({"op": "test", "tensors": descs}, buffers))
+    thread.start()
+    header, received = receiver.receive()
+    thread.join()
+    assert header["op"] == "test"
+    decoded = {d["name"]: decode_tensor(d, received) for d in header["tensors"]}
+    for name, array in {**ARRAYS, "big": big}.items():
+        assert decoded[name].dtype == array.dtype and decoded[name].shape == array.shape, name
+        np.testing.assert_array_equal(decoded[name], array, err_msg=name)
+    decoded["fp32"][0, 0] = 42  # model code may write into its inputs
+    sender.close()
+    with pytest.raises(ChannelClosed):
+        receiver.receive()
+
+
+def test_text_arrays_become_bytes_and_unsupported_values_are_refused():
+    tensor = pb_utils.Tensor("T", np.array(["héllo", "x"]))
+    assert tensor.as_numpy().tolist() == ["héllo".encode(), b"x"] and tensor.triton_dtype() == 13
+    with pytest.raises(pb_utils.TritonModelException, match="needs a numpy array, got list"):
+        pb_utils.Tensor("T", [1, 2])
+    with pytest.raises(pb_utils.TritonModelException, match="complex128 has no Triton datatype"):
+        pb_utils.Tensor("T", np.ones(2, np.complex128))
+    encoded = pb_utils.serialize_byte_tensor(np.array([b"ab", b"c"], dtype=np.object_))
+    assert pb_utils.deserialize_bytes_tensor(encoded).tolist() == [b"ab", b"c"]
+
+
+def test_a_response_sender_refuses_sends_after_the_final_flag():
+    sent = []
+    sender = pb_utils.InferenceResponseSender(lambda response, final: sent.append((response, final)))
+    response = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.int32))])
+    sender.send(response)
+    with pytest.raises(pb_utils.TritonModelException, match="needs a response"):
+        sender.send()
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    with pytest.raises(pb_utils.TritonModelException, match="has been closed"):
+        sender.send(response)
+    assert sent == [(response, False), (None, True)]
+
+
+def test_auto_complete_model_config_refuses_conflicts():
+    config = pb_utils.ModelConfig('{"name": "m", "max_batch_size": 8, "input": [{"name": "A", '
+                                  '"data_type": "TYPE_FP32", "dims": [2]}]}')
+    config.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [2]})  # the same again is fine
+    with pytest.raises(ValueError, match="already has dims"):
+        config.add_input({"name": "A", "data_type": "TYPE_FP32", "dims": [3]})
+    with pytest.raises(ValueError, match="max_batch_size 8"):
+        config.set_max_batch_size(4)
+    with pytest.raises(ValueError, match="missing 'dims'"):
+        config.add_output({"name": "B", "data_type": "TYPE_FP32"})
+    assert [t["name"] for t in config.as_dict()["input"]] == ["A"]
