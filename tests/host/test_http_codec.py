@@ -93,6 +93,13 @@ def test_binary_inputs_are_writable_views_of_the_body():
     assert tensor.data.flags.writeable and np.shares_memory(tensor.data, np.frombuffer(buffer, np.uint8))
 
 
+def test_bytes_json_data_nested_deeper_than_python_recursion():
+    depth = 1010  # orjson parses up to 1024 levels; Python recursion stops near 1000
+    body = b'{"inputs":[{"name":"s","datatype":"BYTES","shape":[2],"data":[' + b"[" * depth + b'"a"' + \
+        b"]" * depth + b',"b"]}]}'
+    assert decode(body)[0].inputs[0].data.tolist() == [b"a", b"b"]
+
+
 def test_request_id_parameters_and_nested_json_data_pass_through():
     body = orjson.dumps({"id": "r7", "parameters": {"priority": 2, "binary_data_output": False, "x": "y"},
                          "inputs": [{"name": "a", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, 4]],
@@ -161,6 +168,8 @@ BAD_REQUESTS = [
     (json_input(data=["1", "2", "3"]), None, "datatype INT32 but 'data' holds strings"),
     (json_input(data=[1, None, 3]), None, "datatype INT32 but 'data' holds mixed values"),
     (json_input(data=[[1, 2], [3]]), None, "ragged"),
+    (b'{"inputs":[{"name":"x","datatype":"INT32","shape":[1],"data":' + b"[" * 100 + b"1" + b"]" * 100 + b"}]}",
+     None, "ragged or nested too deeply"),
     (json_input(data=[1, 2, 2**31]), None, "out of range for INT32"),
     (json_input(data=[1, 2, 3], datatype="BOOL"), None, "datatype BOOL but 'data' holds integers"),
     (json_input(data=[1, 2, 3], datatype="BYTES"), None, "must be a string"),

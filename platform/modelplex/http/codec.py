@@ -160,7 +160,7 @@ def _from_json(name: str, datatype: str, data, count: int) -> np.ndarray:
     try:
         array = np.array(data)
     except ValueError:
-        raise InvalidInput(f"input '{name}': 'data' is a ragged nested list") from None
+        raise InvalidInput(f"input '{name}': 'data' is ragged or nested too deeply") from None
     if array.size != count:
         raise InvalidInput(f"input '{name}': shape needs {count} elements but 'data' has {array.size}")
     dtype = _WIRE_DTYPES[datatype]
@@ -204,12 +204,16 @@ def _json_strings(name: str, data: list, count: int) -> np.ndarray:
 
 
 def _flatten(nested: list) -> list:
-    flat = []
-    for x in nested:
-        if type(x) is list:
-            flat.extend(_flatten(x))
-        else:
+    """Row-major leaves of nested lists, iteratively: JSON may nest deeper than Python recursion."""
+    flat, stack = [], [iter(nested)]
+    while stack:
+        for x in stack[-1]:
+            if type(x) is list:
+                stack.append(iter(x))
+                break
             flat.append(x)
+        else:
+            stack.pop()
     return flat
 
 
