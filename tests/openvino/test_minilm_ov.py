@@ -48,7 +48,7 @@ def test_same_answer_as_the_onnx_model(minilm_server, tokenized):
 
 
 def test_config_is_the_builders_with_openvino_parameters(minilm_server):
-    config = model_config(minilm_server, "grpc", "minilm_ov")
+    config = model_config(minilm_server, "http", "minilm_ov")
     assert config["backend"] == "openvino" and not config.get("platform")  # Triton has no platform for it
     assert config["default_model_filename"] == "model.xml" and config["max_batch_size"] == 64
     assert [(t["name"], t["dims"]) for t in config["output"]] == [("last_hidden_state", [-1, 384]),
