@@ -40,6 +40,7 @@ class PythonInstance(ModelInstance):
         self._output_types = {t.name: t for t in _output_datatypes(model.config)}
         self._report_failure = ictx.report_failure
         self._calls: dict[int, asyncio.Future | asyncio.Queue] = {}
+        self._datatype_warnings: set[tuple[str, str]] = set()
         self._bls_tasks: set[asyncio.Task] = set()  # held here: the loop keeps only weak references
         self._call_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None  # known once the first call arrives
@@ -140,10 +141,17 @@ class PythonInstance(ModelInstance):
                 raise InternalError(f"model '{self.model_name}' returned output '{t['name']}', "
                                     "which its config does not declare")
             if declared is not None and declared.datatype != t["datatype"]:
-                raise InternalError(f"model '{self.model_name}' returned output '{t['name']}' as "
-                                    f"{t['datatype']}, its config declares {declared.datatype}")
+                self._warn_datatype(t["name"], t["datatype"], declared.datatype)
             outputs.append(InferTensor(t["name"], t["datatype"], t["shape"], decode_tensor(t, buffers)))
         return InferResponse(self.model_name, "", outputs, parameters=desc.get("parameters") or {})
+
+    def _warn_datatype(self, name: str, datatype: str, declared: str) -> None:
+        """Triton's Python backend passes outputs on as the model made them (its own bls_decoupled
+        example answers INT64 for an INT32 output), so this is a warning, once per output and type."""
+        if (name, datatype) not in self._datatype_warnings:
+            self._datatype_warnings.add((name, datatype))
+            log.warning("model '%s' returned output '%s' as %s, its config declares %s; passed on as %s",
+                        self.model_name, name, datatype, declared, datatype)
 
     # ---- from the worker's reader thread --------------------------------------------------
     def _on_message(self, header: dict, buffers: list) -> None:

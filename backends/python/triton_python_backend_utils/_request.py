@@ -55,10 +55,10 @@ class InferenceRequest:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(f"InferenceRequest inputs must be pb_utils.Tensor, "
                                            f"got {type(tensor).__name__}")
-        self._id, self._correlation_id = str(request_id), correlation_id
+        self._id, self._correlation_id = _text(request_id), correlation_id
         self._inputs = list(inputs)
-        self._requested_output_names = [str(n) for n in requested_output_names]
-        self.model_name, self.model_version = str(model_name), int(model_version)
+        self._requested_output_names = [_text(n) for n in requested_output_names]
+        self.model_name, self.model_version = _text(model_name), int(model_version)
         self._flags, self._timeout = flags, timeout
         self._parameters = dict(parameters or {})
         self._sender: InferenceResponseSender | None = None
@@ -106,3 +106,8 @@ class InferenceRequest:
     def async_exec(self, decoupled: bool = False):
         """`exec` as an awaitable, so an `async def execute` can run several BLS calls at once."""
         return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
+
+
+def _text(value) -> str:
+    """Names as str; bytes too (Triton's own BLS example passes a BYTES tensor element as model_name)."""
+    return value.decode() if isinstance(value, bytes) else str(value)

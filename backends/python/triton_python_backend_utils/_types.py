@@ -43,8 +43,10 @@ class Tensor:
     """A named numpy array. Text (str/bytes) arrays are held as object arrays of bytes, as Triton does."""
 
     def __init__(self, name: str, array):
-        if not isinstance(array, np.ndarray):
-            raise TritonModelException(f"Tensor '{name}' needs a numpy array, got {type(array).__name__}")
+        array = np.asarray(array)  # as Triton's binding does: lists and scalars are accepted too
+        if array.dtype.kind == "O" and not all(isinstance(x, (bytes, str)) for x in array.flat):
+            raise TritonModelException(f"Tensor '{name}': an object array may hold only bytes or str "
+                                       "(BYTES elements)")
         if array.dtype.kind in "SU":
             array = np.array([x.encode() if isinstance(x, str) else bytes(x) for x in array.flat],
                              dtype=np.object_).reshape(array.shape)
