@@ -90,3 +90,23 @@ def test_auto_complete_config_declares_inputs_outputs_and_batching(python_server
     a = np.array([[1, 2], [3, 4]], np.float32)
     result = http_infer(python_server, "auto_add", A=a, B=a)
     np.testing.assert_array_equal(result.as_numpy("SUM"), 2 * a)
+
+
+def test_dynamic_batching_hands_execute_several_requests(python_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(x: int):
+        try:
+            return int(http_infer(python_server, "batch_counter", X=np.array([[x]], np.int32)).as_numpy("N")[0, 0])
+        except httpclient.InferenceServerException as e:
+            return e.status(), e.message()
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(one, [1, 1, -1, 1]))
+    assert answers[2] == ("400", "model 'batch_counter': X must not be negative")
+    counts = [answers[i] for i in (0, 1, 3)]
+    assert all(isinstance(n, int) and n >= 1 for n in counts), answers
+    # Run together, a batch fails as a whole and the batcher reruns its requests one by one; so
+    # batching shows on a second round without the bad request.
+    with ThreadPoolExecutor(4) as pool:
+        assert max(pool.map(one, [1, 1, 1, 1])) > 1
