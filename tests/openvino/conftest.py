@@ -93,3 +93,22 @@ def torch_embeddings(inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndar
     weights = mask.unsqueeze(-1).float()
     pooled = torch.nn.functional.normalize((hidden * weights).sum(1) / weights.sum(1), p=2.0, dim=1)
     return hidden.numpy(), pooled.numpy()
+
+
+def linear_onnx(path: Path) -> None:
+    """The same `y = relu(x @ WEIGHTS)` as an ONNX file (for OpenVINO's ONNX frontend)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Relu", ["xw"], ["y"])], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(WEIGHTS, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def openvino_config(**parameters: str) -> str:
+    """A config.pbtxt naming only the backend and the given parameters (auto-complete does the rest)."""
+    return 'backend: "openvino"\n' + "".join(
+        f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n' for key, value in parameters.items())

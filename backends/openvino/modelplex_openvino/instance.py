@@ -77,14 +77,21 @@ class OpenVINOInstance(ModelInstance):
             self._idle.put_nowait(self.compiled_model.create_infer_request())
         self._executor = ThreadPoolExecutor(self.num_requests, thread_name_prefix=f"openvino-{ictx.name}")
         log.info("model %s instance %s: on %s, %d infer requests, %s streams, precision %s%s", ctx.name, ictx.name,
-                 self.device, self.num_requests, self.compiled_model.get_property("NUM_STREAMS"),
-                 self.compiled_model.get_property("INFERENCE_PRECISION_HINT").get_type_name(),
-                 ", loaded from the cache" if self.loaded_from_cache else "")
+                 self.device, self.num_requests, self._property("NUM_STREAMS"),
+                 self._property("INFERENCE_PRECISION_HINT"), ", loaded from the cache" if self.loaded_from_cache else "")
+
+    def _property(self, key: str) -> str:
+        """A compiled model's property for the log; virtual devices (AUTO) answer only some."""
+        try:
+            value = self.compiled_model.get_property(key)
+        except RuntimeError:
+            return "?"
+        return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
 
     @property
     def loaded_from_cache(self) -> bool:
         """The compiled model came from `CACHE_DIR` instead of being compiled again."""
-        return bool(self.compiled_model.get_property("LOADED_FROM_CACHE"))
+        return self._property("LOADED_FROM_CACHE") == "True"
 
     @property
     def num_idle_requests(self) -> int:
