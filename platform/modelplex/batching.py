@@ -106,9 +106,12 @@ class DynamicBatcher:
         """Stop scheduling and fail whatever is still queued (the model is going away)."""
         if self._scheduler is not None:
             self._scheduler.cancel()
+        self._fail_queued(Unavailable(f"model '{self.model}' is unloading"))
+
+    def _fail_queued(self, error: Exception) -> None:
         for level in self.levels.values():
             for pending in (*level.queue, *level.delayed):
-                self._fail(pending, Unavailable(f"model '{self.model}' is unloading"))
+                self._fail(pending, error)
             level.queue.clear()
             level.delayed.clear()
         self._num_queued = 0
@@ -189,7 +192,15 @@ class DynamicBatcher:
                 await self._wakeup.wait()
                 continue
             instance = await self._idle.get()
-            batch = await self._next_batch()
+            try:
+                batch = await self._next_batch()
+            except Exception as e:  # noqa: BLE001 - a scheduler bug must fail requests, not strand them
+                log.exception("model %s: dynamic batcher failed", self.model)
+                self._fail_queued(InternalError(f"model '{self.model}': dynamic batcher failed: {e}"))
+                batch = []
+            except BaseException:
+                self._idle.put_nowait(instance)
+                raise
             if not batch:  # everything queued expired or was cancelled while we waited
                 self._idle.put_nowait(instance)
                 continue

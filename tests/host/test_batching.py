@@ -25,6 +25,8 @@ VARIANTS = {
                        default_queue_policy { max_queue_size: 1 } }""",
     "timeout": """dynamic_batching { max_queue_delay_microseconds: 1000000
                   default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 100000 } }""",
+    "delay": """dynamic_batching { max_queue_delay_microseconds: 300000
+               default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 50000 } }""",
     "override": """dynamic_batching { max_queue_delay_microseconds: 500000
                    default_queue_policy { allow_timeout_override: true } }""",
     "priorities": """dynamic_batching { max_queue_delay_microseconds: 500000 priority_levels: 2
@@ -160,6 +162,13 @@ def test_a_request_past_its_queue_timeout_is_rejected_with_503_not_kept(server, 
     after = statistics(server, "simple_timeout")
     assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"] + 1
     assert after["execution_count"] == before["execution_count"]
+
+
+def test_a_request_past_its_timeout_under_delay_is_still_answered(server):
+    start = time.monotonic()
+    result = infer(server, "grpc", "simple_delay")
+    assert time.monotonic() - start >= 0.25  # it waited out the batching delay, not rejected at 50 ms
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + 1)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
