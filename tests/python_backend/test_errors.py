@@ -63,3 +63,13 @@ def test_inputs_the_config_does_not_declare_never_reach_the_worker(python_server
     with pytest.raises(grpcclient.InferenceServerException) as e:
         client.infer("add_sub", inputs(grpcclient, INPUT0=np.ones(4, np.float32), INPUT9=np.ones(4, np.float32)))
     assert "INPUT9" in e.value.message()
+
+
+def test_a_decoupled_model_that_never_sends_the_final_flag_fails_its_stream_in_time(python_server):
+    responses = stream(python_server, "forgetful", [{"IN": np.array([0], np.int32)}])["0"]
+    assert int(responses[0].as_numpy("OUT")[0]) == 7
+    assert len(responses) == 2 and "model 'forgetful' sent no response (and no final flag) within 1 s" in responses[1]
+    # Its execute had returned: the worker is not hung, so the model stays up.
+    assert httpclient.InferenceServerClient(python_server.http_url).is_model_ready("forgetful")
+    wrong = stream(python_server, "forgetful", [{"IN": np.array([1], np.int32)}])["0"]
+    assert len(wrong) == 1 and "decoupled model's execute must return None" in wrong[0]
