@@ -73,3 +73,23 @@ def test_a_decoupled_model_that_never_sends_the_final_flag_fails_its_stream_in_t
     assert httpclient.InferenceServerClient(python_server.http_url).is_model_ready("forgetful")
     wrong = stream(python_server, "forgetful", [{"IN": np.array([1], np.int32)}])["0"]
     assert len(wrong) == 1 and "decoupled model's execute must return None" in wrong[0]
+
+
+def test_models_sent_through_the_load_api_run_and_broken_ones_fail_to_load(python_server):
+    """tritonclient's load_model with a config and files: a Python model needs no repository folder."""
+    client = httpclient.InferenceServerClient(python_server.http_url)
+    config = ('{"name": "uploaded", "backend": "python", "input": [{"name": "X", "data_type": "TYPE_INT32", '
+              '"dims": [1]}], "output": [{"name": "Y", "data_type": "TYPE_INT32", "dims": [1]}]}')
+    model = (b"import triton_python_backend_utils as pb_utils\n"
+             b"class TritonPythonModel:\n"
+             b"    def execute(self, requests):\n"
+             b"        return [pb_utils.InferenceResponse([pb_utils.Tensor('Y', 2 * pb_utils.get_input_tensor_by_name(r, 'X')"
+             b".as_numpy())]) for r in requests]\n")
+    client.load_model("uploaded", config=config, files={"file:1/model.py": model})
+    assert http_infer(python_server, "uploaded", X=np.array([21], np.int32)).as_numpy("Y").tolist() == [42]
+    with pytest.raises(httpclient.InferenceServerException) as e:
+        client.load_model("uploaded", config=config, files={"file:1/model.py": b"def broken(:\n"})
+    assert "SyntaxError" in e.value.message() and "uploaded" in e.value.message()
+    # The version that loaded before keeps serving (a reload brings new versions up before old ones go).
+    assert http_infer(python_server, "uploaded", X=np.array([1], np.int32)).as_numpy("Y").tolist() == [2]
+    client.unload_model("uploaded")
