@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import tokenize, torch_embeddings
+from ov_models import tokenize, torch_embeddings
 from infer_clients import PROTOCOLS, infer, model_config
 from serverproc import ServerProcess
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import expected_linear, linear_onnx, openvino_config, write_ir
+from ov_models import expected_linear, linear_onnx, openvino_config, write_ir
 from infer_clients import PROTOCOLS, client, infer, model_config, repository_index
 from serverproc import ServerProcess
 
