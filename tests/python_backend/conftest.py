@@ -9,7 +9,8 @@ import pytest
 MODELS = Path(__file__).resolve().parent / "models"
 # Loaded at start; `init_fails` is loaded by its test, to see the load fail.
 SERVED = ["simple", "add_sub", "bls_sync", "bls_async", "repeat_int32", "square_int32", "sum_squares", "whoami",
-          "faulty", "sleepy", "auto_add", "batch_counter", "forgetful"]
+          "faulty", "sleepy", "auto_add", "batch_counter", "forgetful",
+          "model_control"]
 
 
 @pytest.fixture(scope="session")

@@ -110,3 +110,12 @@ def test_dynamic_batching_hands_execute_several_requests(python_server):
     # batching shows on a second round without the bad request.
     with ThreadPoolExecutor(4) as pool:
         assert max(pool.map(one, [1, 1, 1, 1])) > 1
+
+
+def test_a_model_loads_and_unloads_other_models(python_server):
+    steps = http_infer(python_server, "model_control", NAME=text("spare")).as_numpy("STEPS")
+    assert [s.decode() for s in steps] == ["ready before: False", "ready after load: True",
+                                           "ready after unload: False"]
+    steps = http_infer(python_server, "model_control", NAME=text("no_such_model")).as_numpy("STEPS")
+    assert steps[0] == b"ready before: False"
+    assert steps[1].startswith(b"error: ") and b"no_such_model" in steps[1]

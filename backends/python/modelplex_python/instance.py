@@ -15,7 +15,7 @@ from typing import AsyncIterator
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
                        ModelInstance, NotFound, Unavailable, Unsupported)
 
-from .bls import serve_bls
+from .server_calls import serve_bls, serve_control
 from .config import worker_init
 from .process import WorkerProcess
 from .protocol import decode_tensor, encode_tensor
@@ -160,8 +160,9 @@ class PythonInstance(ModelInstance):
 
     def _deliver(self, header: dict, buffers: list) -> None:
         op = header["op"]
-        if op == "bls":
-            task = asyncio.ensure_future(serve_bls(self.dataplane, self.worker, header, buffers))
+        if op in ("bls", "control"):
+            serve = serve_bls if op == "bls" else serve_control
+            task = asyncio.ensure_future(serve(self.dataplane, self.worker, header, buffers))
             self._bls_tasks.add(task)
             task.add_done_callback(self._bls_tasks.discard)
             return

@@ -83,8 +83,8 @@ class Worker:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # execute / finalize, for the main thread
         self.model = None
         self.decoupled = False
-        self._bls_replies: dict[int, queue.SimpleQueue] = {}
-        self._bls_ids = itertools.count()
+        self._replies: dict[int, queue.SimpleQueue] = {}  # calls to the server (BLS, model control) by id
+        self._server_call_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None  # for `async def execute`, made on first use
 
     def run(self) -> None:
@@ -95,7 +95,7 @@ class Worker:
                 self.channel.send({"op": "config", "config": self._auto_complete(model_class, header["config"])})
                 return
             self.decoupled = header["decoupled"]
-            runtime.bls = self.bls
+            runtime.bls, runtime.control = self.bls, self.control
             self.model = model_class()
             if hasattr(self.model, "initialize"):
                 self.model.initialize(header["args"])
@@ -124,8 +124,8 @@ class Worker:
         try:
             while True:
                 header, buffers = self.channel.receive()
-                if header["op"] == "bls_response":
-                    replies = self._bls_replies.get(header["id"])
+                if header["op"] in ("bls_response", "control_response"):
+                    replies = self._replies.get(header["id"])
                     if replies is not None:
                         replies.put((header, buffers))
                 else:
@@ -191,15 +191,15 @@ class Worker:
 
     # ---- BLS: calls to other models through the server ----------------------------------------
     def bls(self, request: pb_utils.InferenceRequest, decoupled: bool):
-        call_id = next(self._bls_ids)
+        call_id = next(self._server_call_ids)
         replies: queue.SimpleQueue = queue.SimpleQueue()
-        self._bls_replies[call_id] = replies
+        self._replies[call_id] = replies
         buffers: list = []
         try:
             self.channel.send({"op": "bls", "id": call_id, "decoupled": decoupled,
                                "request": encode_request(request, buffers)}, buffers)
         except BaseException:
-            del self._bls_replies[call_id]
+            del self._replies[call_id]
             raise
         if decoupled:
             return self._bls_responses(call_id, replies)
@@ -207,7 +207,23 @@ class Worker:
             header, buffers = replies.get()
             return decode_response(header["response"], buffers)
         finally:
-            del self._bls_replies[call_id]
+            del self._replies[call_id]
+
+    def control(self, action: str, arguments: dict, files: dict[str, bytes] | None = None):
+        """Model control (load, unload, is_model_ready) through the server; its answer, or its error raised."""
+        call_id = next(self._server_call_ids)
+        replies: queue.SimpleQueue = queue.SimpleQueue()
+        self._replies[call_id] = replies
+        buffers = list((files or {}).values())
+        try:
+            self.channel.send({"op": "control", "id": call_id, "action": action, "arguments": arguments,
+                               "files": list(files or {})}, buffers)
+            header, _ = replies.get()
+        finally:
+            del self._replies[call_id]
+        if "error" in header:
+            raise pb_utils.TritonModelException(header["error"])
+        return header.get("result")
 
     def _bls_responses(self, call_id: int, replies: queue.SimpleQueue):
         try:
@@ -218,7 +234,7 @@ class Worker:
                 if header["final"]:
                     return
         finally:
-            del self._bls_replies[call_id]
+            del self._replies[call_id]
 
 
 def main() -> None:

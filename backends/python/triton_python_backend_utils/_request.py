@@ -15,9 +15,31 @@ class _Runtime:
     """Where BLS calls go: the worker process installs itself here when it starts."""
 
     bls: Callable[["InferenceRequest", bool], object] | None = None
+    control: Callable[[str, dict, dict | None], object] | None = None
 
 
 runtime = _Runtime()
+
+
+def _control(action: str, arguments: dict, files: dict | None = None):
+    if runtime.control is None:
+        raise TritonModelException("model control only works inside a model served by modelplex")
+    return runtime.control(action, arguments, files)
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) a model, optionally with a config (JSON) and files such as {"1/model.py": b"..."};
+    the server must run with --model-control-mode explicit, as Triton's."""
+    _control("load", {"model_name": model_name, "config": config or None},
+             {path.removeprefix("file:"): bytes(content) for path, content in (files or {}).items()})
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    _control("unload", {"model_name": model_name, "unload_dependents": unload_dependents})
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    return bool(_control("ready", {"model_name": model_name, "model_version": model_version}))
 
 
 class InferenceResponseSender:

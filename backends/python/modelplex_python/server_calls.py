@@ -1,4 +1,5 @@
-"""BLS: a worker's calls to other models, served through the host's data plane and answered over its channel."""
+"""A worker's calls into the server: BLS inference and model control, served through the host's data
+plane and answered over the worker's channel."""
 from __future__ import annotations
 
 import logging
@@ -53,3 +54,22 @@ async def serve_bls(dataplane, worker, header: dict, buffers: list) -> None:
         message = e.message if isinstance(e, ModelplexError) else f"{type(e).__name__}: {e}"
         worker.send({"op": "bls_response", "id": call_id, "final": True,
                      "response": {"error": {"message": message, "code": code}}})
+
+
+async def serve_control(dataplane, worker, header: dict, buffers: list) -> None:
+    """pb_utils.load_model / unload_model / is_model_ready; the worker gets the result or the error text."""
+    reply = {"op": "control_response", "id": header["id"]}
+    arguments = header["arguments"]
+    try:
+        if dataplane is None:
+            raise Unsupported("model control needs the host to give backends its data plane")
+        if header["action"] == "load":
+            files = {path: bytes(buffer) for path, buffer in zip(header["files"], buffers)}
+            await dataplane.load_model(arguments["model_name"], arguments["config"], files or None)
+        elif header["action"] == "unload":
+            await dataplane.unload_model(arguments["model_name"], arguments["unload_dependents"])
+        else:
+            reply["result"] = dataplane.model_ready(arguments["model_name"], arguments["model_version"])
+    except Exception as e:  # noqa: BLE001 - every failure goes back to the calling model
+        reply["error"] = e.message if isinstance(e, ModelplexError) else f"{type(e).__name__}: {e}"
+    worker.send(reply)
