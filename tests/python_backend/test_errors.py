@@ -14,6 +14,7 @@ from clients import http_infer, inputs, stream, text
     ("count", "500", "execute returned 2 responses for 1 request(s)"),
     ("none", "500", "execute returned NoneType for 1 request(s)"),
     ("not_tensor", "500", "output_tensors must hold pb_utils.Tensor objects, got list"),
+    ("twice", "500", "a model that is not decoupled sends one response per request"),
 ])
 def test_a_misbehaving_execute_fails_only_its_request(python_server, mode, status, message):
     with pytest.raises(httpclient.InferenceServerException) as e:
@@ -22,6 +23,10 @@ def test_a_misbehaving_execute_fails_only_its_request(python_server, mode, statu
     assert message in e.value.message() and "faulty" in e.value.message()
     # The same worker keeps serving.
     assert http_infer(python_server, "faulty", MODE=text("ok")).as_numpy("OUT").tolist() == [1.0]
+
+
+def test_a_model_that_is_not_decoupled_may_answer_through_the_response_sender(python_server):
+    assert http_infer(python_server, "faulty", MODE=text("sender")).as_numpy("OUT").tolist() == [1.0]
 
 
 def test_an_output_of_another_datatype_than_declared_is_passed_on_with_a_warning(python_server):

@@ -136,7 +136,9 @@ class Worker:
     # ---- execute --------------------------------------------------------------------------
     def _execute(self, header: dict, buffers: list) -> None:
         call_id = header["id"]
-        requests = [self._request(call_id, index, desc, buffers) for index, desc in enumerate(header["requests"])]
+        sent = None if self.decoupled else _SentResponses(self, call_id, len(header["requests"]))
+        requests = [self._request(call_id, index, desc, buffers, sent)
+                    for index, desc in enumerate(header["requests"])]
         try:
             result = self.model.execute(requests)
             if inspect.isawaitable(result):
@@ -149,18 +151,26 @@ class Worker:
                                                         "its responses with request.get_response_sender()")
                 self.channel.send({"op": "executed", "id": call_id})
                 return
-            if not isinstance(result, (list, tuple)) or len(result) != len(requests):
-                got = f"{len(result)} responses" if isinstance(result, (list, tuple)) else type(result).__name__
-                raise pb_utils.TritonModelException(f"execute returned {got} for {len(requests)} request(s)")
-            out_buffers: list = []
-            responses = [encode_response(r, out_buffers) for r in result]
+            if result is None and any(r._sender_taken for r in requests):
+                return  # the responses come through the senders (see _SentResponses)
+            self._answer(call_id, result, len(requests))
         except Exception as e:
-            traceback.print_exc()  # the whole traceback for the server log; the client gets its last line
-            self.channel.send({"op": "error", "id": call_id, "message": describe(e)})
-            return
+            self._fail(call_id, e)
+
+    def _answer(self, call_id: int, result, num_requests: int) -> None:
+        if not isinstance(result, (list, tuple)) or len(result) != num_requests:
+            got = f"{len(result)} responses" if isinstance(result, (list, tuple)) else type(result).__name__
+            raise pb_utils.TritonModelException(f"execute returned {got} for {num_requests} request(s)")
+        out_buffers: list = []
+        responses = [encode_response(r, out_buffers) for r in result]
         self.channel.send({"op": "responses", "id": call_id, "responses": responses}, out_buffers)
 
-    def _request(self, call_id: int, index: int, desc: dict, buffers: list) -> pb_utils.InferenceRequest:
+    def _fail(self, call_id: int, error: Exception) -> None:
+        traceback.print_exc()  # the whole traceback for the server log; the client gets its last line
+        self.channel.send({"op": "error", "id": call_id, "message": describe(error)})
+
+    def _request(self, call_id: int, index: int, desc: dict, buffers: list,
+                 sent: "_SentResponses | None") -> pb_utils.InferenceRequest:
         inputs = [pb_utils.Tensor(t["name"], decode_tensor(t, buffers)) for t in desc["inputs"]]
         request = pb_utils.InferenceRequest(request_id=desc["id"], inputs=inputs,
                                             requested_output_names=desc["outputs"],
@@ -168,6 +178,8 @@ class Worker:
         if self.decoupled:
             request._sender = InferenceResponseSender(lambda response, final: self._stream(call_id, index,
                                                                                            response, final))
+        else:
+            request._sender = InferenceResponseSender(lambda response, final: sent.deliver(index, response, final))
         return request
 
     def _stream(self, call_id: int, index: int, response, final: bool) -> None:
@@ -235,6 +247,36 @@ class Worker:
                     return
         finally:
             del self._replies[call_id]
+
+
+class _SentResponses:
+    """Responses a model that is not decoupled sends through response senders instead of returning them
+    (Triton allows it when execute returns None): exactly one per request, then the final flag; they
+    go to the server as one answer once every request has had its final flag."""
+
+    def __init__(self, worker: Worker, call_id: int, num_requests: int):
+        self.worker, self.call_id = worker, call_id
+        self.responses: list = [None] * num_requests
+        self.num_open = num_requests
+        self._lock = threading.Lock()
+
+    def deliver(self, index: int, response, final: bool) -> None:
+        with self._lock:
+            if response is not None and self.responses[index] is not None:
+                raise pb_utils.TritonModelException("a model that is not decoupled sends one response per request")
+            if response is not None:
+                self.responses[index] = response
+            if final and self.responses[index] is None:
+                self.responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "the model sent the final flag without a response"))
+            self.num_open -= final
+            complete = self.num_open == 0
+        if complete:
+            try:
+                self.worker._answer(self.call_id, self.responses, len(self.responses))
+            except pb_utils.TritonModelException as e:
+                self.worker._fail(self.call_id, e)
+                raise
 
 
 def main() -> None:

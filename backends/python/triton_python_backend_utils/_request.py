@@ -84,6 +84,7 @@ class InferenceRequest:
         self._flags, self._timeout = flags, timeout
         self._parameters = dict(parameters or {})
         self._sender: InferenceResponseSender | None = None
+        self._sender_taken = False  # a model that is not decoupled answers through it if it took it
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -112,8 +113,8 @@ class InferenceRequest:
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
-            raise TritonModelException("get_response_sender() is only available to decoupled models "
-                                       "(model_transaction_policy { decoupled: true })")
+            raise TritonModelException("get_response_sender() is only available to requests a model receives")
+        self._sender_taken = True
         return self._sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:

@@ -1,6 +1,7 @@
 """Misbehaves as MODE says: raise, error (a TritonError response), count (two responses for one request),
-dtype (FP64 where the config says FP32), not_tensor (a list among output tensors), none (returns None);
-anything else answers OUT = 1."""
+dtype (FP64 where the config says FP32), not_tensor (a list among output tensors), none (returns None),
+twice (two responses through the response sender); anything else answers OUT = 1, "sender" through the
+response sender (Triton lets models that are not decoupled answer that way too)."""
 import numpy as np
 
 import triton_python_backend_utils as pb_utils
@@ -22,5 +23,11 @@ class TritonPythonModel:
         if mode == "not_tensor":
             return [pb_utils.InferenceResponse([[1.0]])]
         if mode == "none":
+            return None
+        if mode in ("sender", "twice"):
+            sender = requests[0].get_response_sender()
+            if mode == "twice":
+                sender.send(good)
+            sender.send(good, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return None
         return [good]
