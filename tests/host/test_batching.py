@@ -27,6 +27,7 @@ VARIANTS = {
                   default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 100000 } }""",
     "delay": """dynamic_batching { max_queue_delay_microseconds: 300000
                default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 50000 } }""",
+    "preferred": """dynamic_batching { max_queue_delay_microseconds: 2000000 preferred_batch_size: [ 2 ] }""",
     "override": """dynamic_batching { max_queue_delay_microseconds: 500000
                    default_queue_policy { allow_timeout_override: true } }""",
     "priorities": """dynamic_batching { max_queue_delay_microseconds: 500000 priority_levels: 2
@@ -162,6 +163,15 @@ def test_a_request_past_its_queue_timeout_is_rejected_with_503_not_kept(server, 
     after = statistics(server, "simple_timeout")
     assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"] + 1
     assert after["execution_count"] == before["execution_count"]
+
+
+def test_a_preferred_batch_size_runs_at_once_instead_of_waiting_out_the_delay(server):
+    start = time.monotonic()
+    arrays, results = infer_concurrently(server, "http", "simple_preferred", 2)
+    assert time.monotonic() - start < 1.5  # the 2 s delay was not waited out
+    for a, result in zip(arrays, results):
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + 1)
+    assert [b["batch_size"] for b in statistics(server, "simple_preferred")["batch_stats"]] == [2]
 
 
 def test_a_request_past_its_timeout_under_delay_is_still_answered(server):
