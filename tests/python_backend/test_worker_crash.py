@@ -2,6 +2,7 @@
 the reason, its in-flight requests fail at once, other models keep answering, and a reload brings it back."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -103,3 +104,25 @@ def test_a_hung_execute_times_out_and_its_worker_is_killed(server):
     assert_simple_answers(server)
     client.load_model("sleepy")
     assert worker_pid(server, "sleepy") != pid
+
+
+def test_each_instance_has_a_worker_of_its_own(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    config = client.get_model_config("whoami")
+    config["instance_group"] = [{"kind": "KIND_CPU", "count": 2}]
+    client.load_model("whoami", config=json.dumps(config))
+    try:
+        def pid_after(ms: int) -> int:
+            return int(http_infer(server, "whoami", X=np.array([ms], np.int32)).as_numpy("PID")[0])
+
+        with ThreadPoolExecutor(2) as pool:  # two slow requests at once: one on each instance
+            pids = set(pool.map(pid_after, [500, 500]))
+        assert len(pids) == 2
+        os.kill(pids.pop(), signal.SIGKILL)
+        row = wait_for_state(client, "whoami", "UNAVAILABLE")
+        assert row["reason"].startswith("python worker for whoami_0_") and "signal 9" in row["reason"]
+    finally:
+        client.load_model("whoami")  # back to the repository's config
+    assert worker_pid(server, "whoami") not in pids
