@@ -1,0 +1,201 @@
+"""OpenVINO benchmark, part 1: `minilm` requests/s through modelplex's OpenVINO backend (`minilm_ov`), its
+ONNX Runtime backend (`minilm`), and OpenVINO called directly in-process (no server: the ceiling).
+
+Every cell keeps `--concurrency` requests in flight: the server cells from that many `tritonclient.grpc`
+threads, the direct cell from an `AsyncInferQueue` with as many jobs over a model compiled with
+minilm_ov's own properties. A round runs each cell once for `--seconds` (after a warm-up), the order
+rotating between rounds; the report gives medians over rounds and, per round, ratios against the
+direct cell of that same round (this machine's other tenants move absolute numbers a lot).
+
+    .venv/bin/python benchmarks/openvino.py                  # 5 rounds x 8 s -> benchmarks/results/openvino.md
+    .venv/bin/python benchmarks/openvino.py --rounds 1 --seconds 3 --out /tmp/openvino.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+# Run as a script, this file's folder comes first on sys.path, where `openvino` would be this file.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path[:0] = [str(HERE.parent / "examples"), str(HERE.parent / "tests")]
+TEXT = "A man is eating a piece of bread in the kitchen while the radio plays an old song."
+CELLS = ("OpenVINO direct", "modelplex OpenVINO", "modelplex ONNX Runtime")
+MODEL_OF = {"modelplex OpenVINO": "minilm_ov", "modelplex ONNX Runtime": "minilm"}
+
+
+def log(msg: str) -> None:
+    print("[openvino %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
+
+
+def request_inputs(repo: Path, batch: int) -> dict[str, np.ndarray]:
+    from transformers import AutoTokenizer
+
+    encoded = AutoTokenizer.from_pretrained(repo / "minilm_ov" / "1" / "tokenizer")([TEXT] * batch, return_tensors="np")
+    return {name: encoded[name].astype(np.int64) for name in ("input_ids", "attention_mask")}
+
+
+def compile_direct(repo: Path):
+    """minilm_ov's IR compiled as its config.pbtxt asks (the properties the backend derives from it)."""
+    import openvino as ov
+    from modelplex.model_config import load_config_file, parameters_of
+    from modelplex_openvino.properties import compile_properties
+
+    config = load_config_file(repo / "minilm_ov" / "config.pbtxt")
+    ctx = type("Ctx", (), {"parameters": parameters_of(config), "model_path": repo / "minilm_ov"})
+    core = ov.Core()
+    return core.compile_model(core.read_model(repo / "minilm_ov" / "1" / "model.xml"), "CPU", compile_properties(ctx))
+
+
+def run_direct(compiled, inputs: dict, concurrency: int, warmup: float, seconds: float) -> float:
+    import openvino as ov
+
+    queue = ov.AsyncInferQueue(compiled, concurrency)
+    done = [0]
+    queue.set_callback(lambda request, userdata: done.__setitem__(0, done[0] + 1))
+    feeds = {i: inputs[name] for i, name in enumerate(("input_ids", "attention_mask"))}
+    measured_from, start = 0, time.perf_counter()
+    end = start + warmup + seconds
+    while (now := time.perf_counter()) < end:
+        if not measured_from and now >= start + warmup:
+            measured_from, t0 = done[0] or 1, now
+        queue.start_async(feeds)  # blocks while all `concurrency` jobs are busy
+    queue.wait_all()
+    return (done[0] - measured_from) / (time.perf_counter() - t0)
+
+
+def run_grpc(url: str, model: str, inputs: dict, concurrency: int, warmup: float, seconds: float) -> float:
+    import tritonclient.grpc as grpcclient
+
+    start = time.perf_counter()
+    measure_from, end = start + warmup, start + warmup + seconds
+    counts, errors = [0] * concurrency, []
+
+    def worker(i: int) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        tensors = []
+        for name, array in inputs.items():
+            tensors.append(grpcclient.InferInput(name, list(array.shape), "INT64"))
+            tensors[-1].set_data_from_numpy(array)
+        outputs = [grpcclient.InferRequestedOutput("embeddings")]
+        while (now := time.perf_counter()) < end:
+            try:
+                client.infer(model, tensors, outputs=outputs)
+            except Exception as e:  # noqa: BLE001 - reported, and the cell is marked
+                errors.append(repr(e))
+                return
+            if now >= measure_from:
+                counts[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{model}: {len(errors)} failed requests, first: {errors[0]}")
+    return sum(counts) / seconds
+
+
+def check_answers(server, compiled, inputs: dict) -> None:
+    """The server's embeddings equal direct OpenVINO's for both models before anything is timed."""
+    import tritonclient.grpc as grpcclient
+
+    expected = compiled.create_infer_request().infer({0: inputs["input_ids"], 1: inputs["attention_mask"]})
+    expected = np.array(expected[compiled.output("embeddings")])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    for model in MODEL_OF.values():
+        tensors = []
+        for name, array in inputs.items():
+            tensors.append(grpcclient.InferInput(name, list(array.shape), "INT64"))
+            tensors[-1].set_data_from_numpy(array)
+        got = client.infer(model, tensors).as_numpy("embeddings")
+        np.testing.assert_allclose(got, expected, atol=1e-4, err_msg=model)
+
+
+def report(rounds: list[dict[str, float]], args, num_tokens: int) -> str:
+    def fmt(values):
+        return "%.1f (%.1f–%.1f)" % (statistics.median(values), min(values), max(values))
+
+    base = CELLS[0]
+    lines = [
+        "# OpenVINO backend benchmark: minilm, concurrency %d" % args.concurrency, "",
+        "`benchmarks/openvino.py --rounds %d --seconds %g --batch %d` on %s, %s (%d CPUs), commit %s; load average "
+        "at the end %s (other tenants share this machine: compare ratios, not absolute numbers)." % (
+            args.rounds, args.seconds, args.batch, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            platform.processor() or platform.machine(), os.cpu_count(), _commit(),
+            " ".join("%.1f" % x for x in os.getloadavg())), "",
+        "Each request: %d × %d tokens (`%s`), `embeddings` output only. minilm_ov runs with its example config "
+        "(INFERENCE_PRECISION_HINT f32, PERFORMANCE_HINT THROUGHPUT); the direct cell compiles the same IR with "
+        "the same properties and keeps %d jobs in an `AsyncInferQueue`. Server cells: %d `tritonclient.grpc` "
+        "threads in the benchmark process, the server in its own process." % (
+            args.batch, num_tokens, TEXT[:40] + "…", args.concurrency, args.concurrency), "",
+        "| cell | requests/s, median (min–max) over %d rounds | vs OpenVINO direct, median of per-round ratios |" % len(rounds),
+        "|---|---|---|"]
+    for cell in CELLS:
+        ratios = [r[cell] / r[base] for r in rounds]
+        lines.append("| %s | %s | %.3f (%.3f–%.3f) |" % (cell, fmt([r[cell] for r in rounds]), statistics.median(ratios),
+                                                          min(ratios), max(ratios)))
+    overhead = 1 - statistics.median(r[CELLS[1]] / r[base] for r in rounds)
+    lines += ["", "Host overhead (1 − modelplex OpenVINO / direct): **%.1f%%** (goal: under 15%%)." % (100 * overhead)]
+    return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=HERE, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per cell and round")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=1, help="texts per request")
+    parser.add_argument("--repo", type=Path, default=Path("/tmp/bench/openvino/repo"))
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "openvino.md")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from build_repository import build
+    from serverproc import ServerProcess
+
+    build(args.repo, ["minilm", "minilm_ov"])
+    inputs = request_inputs(args.repo, args.batch)
+    compiled = compile_direct(args.repo)
+    rounds = []
+    with ServerProcess([args.repo], "--model-control-mode", "explicit", "--load-model", "minilm",
+                       "--load-model", "minilm_ov") as server:
+        check_answers(server, compiled, inputs)
+        for i in range(args.rounds):
+            order = CELLS[i % 3:] + CELLS[:i % 3]
+            result = {}
+            for cell in order:
+                if cell == CELLS[0]:
+                    result[cell] = run_direct(compiled, inputs, args.concurrency, args.warmup, args.seconds)
+                else:
+                    result[cell] = run_grpc(server.grpc_url, MODEL_OF[cell], inputs, args.concurrency, args.warmup,
+                                            args.seconds)
+                log("round %d %s: %.1f req/s" % (i + 1, cell, result[cell]))
+            rounds.append(result)
+    text = report(rounds, args, inputs["input_ids"].shape[1])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
