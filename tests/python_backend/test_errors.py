@@ -1,11 +1,22 @@
 """Python models that misbehave: each failure is a clear error naming the model, and nothing else is affected."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from clients import http_infer, inputs, stream, text
+
+
+def eventually(check, timeout: float = 5) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @pytest.mark.parametrize("mode, status, message", [
@@ -21,6 +32,8 @@ def test_a_misbehaving_execute_fails_only_its_request(python_server, mode, statu
         http_infer(python_server, "faulty", MODE=text(mode))
     assert e.value.status() == status
     assert message in e.value.message() and "faulty" in e.value.message()
+    if mode == "raise":  # the whole traceback goes to the server's log, marked with the instance
+        assert eventually(lambda: "[faulty_0_0] ValueError: the model broke on purpose" in python_server.log())
     # The same worker keeps serving.
     assert http_infer(python_server, "faulty", MODE=text("ok")).as_numpy("OUT").tolist() == [1.0]
 

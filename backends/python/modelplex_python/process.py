@@ -26,11 +26,22 @@ def start_worker(title: str) -> tuple[subprocess.Popen, Channel]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the model's prints reach the server log at once
     try:
         proc = subprocess.Popen([sys.executable, "-m", "modelplex_python.worker", str(child_sock.fileno())],
-                                pass_fds=[child_sock.fileno()], env=env, stdin=subprocess.DEVNULL)
+                                pass_fds=[child_sock.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     finally:
         child_sock.close()
+    threading.Thread(target=_relay_output, args=(title, proc.stdout), name=f"python-{title}-output",
+                     daemon=True).start()
     log.info("started python worker %s (pid %d)", title, proc.pid)
     return proc, Channel(parent_sock)
+
+
+def _relay_output(title: str, output) -> None:
+    """The model's prints and tracebacks, into the server's stderr with the instance's name in front
+    (several workers write at once; unprefixed lines could not be told apart)."""
+    with output:
+        for line in output:
+            sys.stderr.write(f"[{title}] {line.decode(errors='replace')}")
 
 
 def exit_reason(title: str, returncode: int | None) -> str:
