@@ -47,7 +47,10 @@ class OpenVINOInstance(ModelInstance):
         ctx, config = ictx.model, ictx.model.config
         core = shared_core()
         self.model_name = ctx.name
-        self.device = select_device(configured_device(ictx), core.available_devices, ctx.name)
+        configured = configured_device(ictx)
+        self.device = select_device(configured, core.available_devices, ctx.name)
+        if self.device != configured:
+            log.warning("model %s: %s falls back to %s (the other devices are absent)", ctx.name, configured, self.device)
         properties = compile_properties(ctx)
         check_precision(properties.get("INFERENCE_PRECISION_HINT", ""), self.device, core, ctx.name)
         model = read_model(core, ctx)
@@ -111,7 +114,7 @@ class OpenVINOInstance(ModelInstance):
 
     async def close(self) -> None:
         await asyncio.to_thread(self._executor.shutdown, True)
-        self._idle = asyncio.Queue()
+        self._idle = None  # the last references to the infer requests and the compiled model
         self.compiled_model = None
 
     # ---- on a pool thread ---------------------------------------------------------------

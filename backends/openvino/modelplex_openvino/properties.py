@@ -1,7 +1,10 @@
 """Turns a model's `parameters` into the OpenVINO properties its compiled model gets.
 
-Our names and Triton's OpenVINO backend names are both accepted (Triton's older spellings too), so
-its config.pbtxt files work unchanged. Values are checked here so a typo fails the load with the
+`PERFORMANCE_HINT` (LATENCY, THROUGHPUT, CUMULATIVE_THROUGHPUT), `NUM_STREAMS` (a number, AUTO, NUMA),
+`INFERENCE_PRECISION_HINT` (f32, bf16, f16) or Triton's `HINT_BF16: YES`, `INFERENCE_NUM_THREADS`,
+`COMPILATION_NUM_THREADS`, and `cache_dir` / `CACHE_DIR` (relative to the model's folder). Triton's
+older spellings (`CPU_THROUGHPUT_STREAMS`, `CPU_THREADS_NUM`, `ENFORCE_BF16`) work too, so its
+config.pbtxt files load unchanged. Values are checked here so a typo fails the load with the
 parameter named, not with an OpenVINO stack trace.
 """
 from __future__ import annotations
