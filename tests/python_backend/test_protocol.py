@@ -80,3 +80,11 @@ def test_auto_complete_model_config_refuses_conflicts():
     with pytest.raises(ValueError, match="missing 'dims'"):
         config.add_output({"name": "B", "data_type": "TYPE_FP32"})
     assert [t["name"] for t in config.as_dict()["input"]] == ["A"]
+
+
+def test_bls_and_model_control_outside_execute_raise_instead_of_waiting():
+    request = pb_utils.InferenceRequest(model_name="simple", inputs=[], requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException, match="BLS calls work in execute"):
+        request.exec()
+    with pytest.raises(pb_utils.TritonModelException, match="model control works in execute"):
+        pb_utils.is_model_ready("simple")

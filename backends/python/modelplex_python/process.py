@@ -63,7 +63,6 @@ class WorkerProcess:
     def __init__(self, title: str, proc: subprocess.Popen, channel: Channel,
                  on_message: Callable[[dict, list], None], on_exit: Callable[[str], None]):
         self.title, self.proc, self.channel = title, proc, channel
-        self.pid = proc.pid
         self.failure: str | None = None  # set before a deliberate kill, so the reason names the cause
         self.closing = False
         self._on_message, self._on_exit = on_message, on_exit

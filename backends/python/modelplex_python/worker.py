@@ -95,10 +95,11 @@ class Worker:
                 self.channel.send({"op": "config", "config": self._auto_complete(model_class, header["config"])})
                 return
             self.decoupled = header["decoupled"]
-            runtime.bls, runtime.control = self.bls, self.control
             self.model = model_class()
             if hasattr(self.model, "initialize"):
                 self.model.initialize(header["args"])
+            # Only now: the server answers a worker's calls once it is serving it, not while it loads.
+            runtime.bls, runtime.control = self.bls, self.control
         except Exception as e:
             traceback.print_exc()
             self.channel.send({"op": "init_error", "message": describe(e)})

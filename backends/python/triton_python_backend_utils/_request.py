@@ -23,7 +23,8 @@ runtime = _Runtime()
 
 def _control(action: str, arguments: dict, files: dict | None = None):
     if runtime.control is None:
-        raise TritonModelException("model control only works inside a model served by modelplex")
+        raise TritonModelException("model control works in execute, not in initialize nor outside a model "
+                                   "served by modelplex")
     return runtime.control(action, arguments, files)
 
 
@@ -123,7 +124,8 @@ class InferenceRequest:
         if not self.model_name:
             raise TritonModelException("a BLS InferenceRequest needs model_name")
         if runtime.bls is None:
-            raise TritonModelException("BLS calls only work inside a model served by modelplex")
+            raise TritonModelException("BLS calls work in execute, not in initialize nor outside a model served "
+                                       "by modelplex")
         return runtime.bls(self, decoupled)
 
     def async_exec(self, decoupled: bool = False):
