@@ -1,10 +1,10 @@
 """uvicorn's httptools protocol with its writes coalesced: a response leaves in one send, not two.
 
 uvicorn writes the status line and headers as soon as the app sends `http.response.start`, and
-the body as a second write. Over loopback each write is its own segment, and the client is woken
-for each; for small inference responses that doubled wake-up costs more than the whole Python
-request path (measured: `simple` at c=64 went from ~3,800 to ~5,800 req/s). Writes made during
-one event-loop iteration are now held and handed to the socket together at its end.
+the body as a second write: two send() calls and two segments, each waking the client. For small
+inference responses that costs as much as the Python request path; holding the writes of one
+event-loop iteration and handing them to the socket together at its end cut the server's CPU per
+`simple` request by about a fifth (wrk, c=64, five paired runs: 95-138 us against 121-182 us).
 """
 from __future__ import annotations
 
