@@ -2,7 +2,7 @@
 
 uvicorn writes the status line and headers as soon as the app sends `http.response.start`, and
 the body as a second write: two send() calls and two segments, each waking the client. For small
-inference responses that costs as much as the Python request path; holding the writes of one
+inference responses the extra send is a large share of the request's cost; holding the writes of one
 event-loop iteration and handing them to the socket together at its end cut the server's CPU per
 `simple` request by about a fifth (wrk, c=64, five paired runs: 95-138 us against 121-182 us).
 """
