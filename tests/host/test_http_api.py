@@ -164,3 +164,16 @@ def test_repository_index_lists_the_loaded_models(client, http):
     bad = http.post("/v2/repository/index", json={"ready": "yes"})
     assert bad.status_code == 400 and bad.json() == {"error": "'ready' must be true or false"}
 
+
+
+def test_extensions_without_an_implementation_answer_501(client):
+    with pytest.raises(InferenceServerException, match="systemsharedmemory/status is not supported") as e:
+        client.get_system_shared_memory_status()
+    assert e.value.status() == "501" and "send tensors in the request body" in e.value.message()
+    with pytest.raises(InferenceServerException, match="cudasharedmemory/region/r/register is not supported"):
+        client.register_cuda_shared_memory("r", b"handle", 0, 8)
+    with pytest.raises(InferenceServerException, match="/v2/logging is not supported") as e:
+        client.get_log_settings()
+    assert e.value.status() == "501"
+    with pytest.raises(InferenceServerException, match="/v2/models/simple/trace/setting is not supported"):
+        client.get_trace_settings("simple")
