@@ -210,10 +210,15 @@ def test_a_request_over_grpcs_default_4mb_limit_reaches_the_data_plane(client):
 
 
 def test_unoffered_rpcs_are_unimplemented(client):
-    with raises_code("UNIMPLEMENTED", "system shared memory is not supported"):
+    with raises_code("UNIMPLEMENTED", "this server's gRPC API does not support system shared memory; "
+                                      r"send tensors in the request \(raw_input_contents\)"):
         client.get_system_shared_memory_status()
-    with raises_code("UNIMPLEMENTED", "trace settings"):
+    with raises_code("UNIMPLEMENTED", "does not support CUDA shared memory"):
+        client.unregister_cuda_shared_memory()
+    with raises_code("UNIMPLEMENTED", "does not support trace settings"):
         client.get_trace_settings()
+    with raises_code("UNIMPLEMENTED", "does not support log settings"):
+        client.get_log_settings()
 
 
 # ---- statistics and repository ----------------------------------------------------------

@@ -119,6 +119,24 @@ ERRORS = {
 }
 
 
+UNOFFERED = {
+    "system shared memory": lambda c: c.get_system_shared_memory_status(),
+    "CUDA shared memory": lambda c: c.unregister_cuda_shared_memory(),
+    "trace settings": lambda c: c.get_trace_settings(),
+    "log settings": lambda c: c.get_log_settings(),
+}
+
+
+@pytest.mark.parametrize("call", UNOFFERED.values(), ids=UNOFFERED.keys())
+def test_unoffered_extensions_are_501_and_unimplemented(clients, call):
+    h, g = clients
+    with pytest.raises(InferenceServerException) as http_error:
+        call(h)
+    with pytest.raises(InferenceServerException) as grpc_error:
+        call(g)
+    assert (http_error.value.status(), grpc_error.value.status()) == ("501", "StatusCode.UNIMPLEMENTED")
+
+
 @pytest.mark.parametrize("call", ERRORS.values(), ids=ERRORS.keys())
 def test_errors_have_the_same_message_and_matching_codes(clients, call):
     h, g = clients

@@ -16,6 +16,7 @@ from .status import error_message, guarded, unimplemented
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL_RESPONSE = "triton_final_response"
 FILE_PREFIX = "file:"
+SEND_IN_REQUEST = "send tensors in the request (raw_input_contents)"
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -115,15 +116,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     # ---- not offered --------------------------------------------------------------------
-    SystemSharedMemoryStatus = unimplemented("system shared memory")
-    SystemSharedMemoryRegister = unimplemented("system shared memory")
-    SystemSharedMemoryUnregister = unimplemented("system shared memory")
-    CudaSharedMemoryStatus = unimplemented("CUDA shared memory")
-    CudaSharedMemoryRegister = unimplemented("CUDA shared memory")
-    CudaSharedMemoryUnregister = unimplemented("CUDA shared memory")
-    TraceSetting = unimplemented("trace settings over gRPC")
-    LogSettings = unimplemented("log settings over gRPC")
-
+    SystemSharedMemoryStatus = unimplemented("system shared memory", SEND_IN_REQUEST)
+    SystemSharedMemoryRegister = unimplemented("system shared memory", SEND_IN_REQUEST)
+    SystemSharedMemoryUnregister = unimplemented("system shared memory", SEND_IN_REQUEST)
+    CudaSharedMemoryStatus = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
+    CudaSharedMemoryRegister = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
+    CudaSharedMemoryUnregister = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
+    TraceSetting = unimplemented("trace settings")
+    LogSettings = unimplemented("log settings")
 
 def stream_response(response: pb.ModelInferResponse, is_final: bool) -> pb.ModelStreamInferResponse:
     response.parameters[FINAL_RESPONSE].bool_param = is_final

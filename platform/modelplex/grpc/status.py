@@ -54,10 +54,11 @@ def guarded(method):
     return call
 
 
-def unimplemented(feature: str):
-    """An RPC this server does not offer: UNIMPLEMENTED with a message naming the feature."""
+def unimplemented(feature: str, hint: str = ""):
+    """An RPC this server does not offer: UNIMPLEMENTED with a message naming the feature (and what to do)."""
+    message = f"this server's gRPC API does not support {feature}" + (f"; {hint}" if hint else "")
 
     async def call(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{feature} is not supported by modelplex")
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
 
     return call
