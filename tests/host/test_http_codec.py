@@ -244,4 +244,5 @@ def test_compressed_bodies_and_accept_encoding():
         decompress(body, "br", 1 << 20)
     assert response_encoding("gzip") == "gzip" and response_encoding("deflate, gzip;q=0.5") == "gzip"
     assert response_encoding("deflate") == "deflate" and response_encoding("gzip;q=0, br") is None
+    assert response_encoding("gzip; q=0.000, deflate;q=0.2") == "deflate" and response_encoding("gzip;q=x") is None
     assert response_encoding(None) is None

@@ -64,14 +64,24 @@ def response_encoding(accept_encoding: str | None) -> str | None:
         return None
     accepted = set()
     for item in accept_encoding.lower().split(","):
-        coding, _, params = item.partition(";")
-        if params.strip().replace(" ", "") in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
-            continue
-        accepted.add(coding.strip())
+        coding, *params = item.split(";")
+        if all(_quality(p) > 0 for p in params):
+            accepted.add(coding.strip())
     for coding in ("gzip", "deflate"):
         if coding in accepted:
             return coding
     return None
+
+
+def _quality(param: str) -> float:
+    """The weight a `q=...` parameter gives (1 for other parameters, 0 when unreadable)."""
+    key, _, value = param.partition("=")
+    if key.strip() != "q":
+        return 1.0
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
 
 
 def compress(body: bytes, encoding: str) -> bytes:
