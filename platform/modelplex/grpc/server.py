@@ -28,7 +28,11 @@ def server_options(settings: ServerConfig) -> list[tuple[str, int]]:
 
 
 def create_grpc_server(dataplane: DataPlane, settings: ServerConfig) -> tuple[grpc.aio.Server, int]:
-    """An unstarted server and the port it bound (the real one when `settings.grpc_port` is 0)."""
+    """An unstarted server and the port it bound (the real one when `settings.grpc_port` is 0).
+
+    grpc.aio on the server's own event loop: the sync `grpc.server` costs about as much per call once
+    each call must hop to the loop that runs the DataPlane (measured with tritonclient at c=64).
+    """
     server = grpc.aio.server(options=server_options(settings))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), server)
