@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-grpc", type=_bool, default=True)
     s.add_argument("--allow-metrics", type=_bool, default=True)
     s.add_argument("--http-max-body-bytes", type=int, default=64 * 1024 * 1024)
+    s.add_argument("--grpc-max-message-bytes", type=int, default=64 * 1024 * 1024,
+                   help="largest gRPC message received or sent")
     s.add_argument("--unload-timeout-secs", type=float, default=30.0)
     s.add_argument("--port-file", type=Path, help="write the bound ports as JSON here once serving")
     s.add_argument("--log-verbose", type=int, default=0)
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
         strict_readiness=args.strict_readiness, strict_model_config=args.strict_model_config, host=args.host,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
-        http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs)
+        http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,
+        grpc_max_message_bytes=args.grpc_max_message_bytes)
     from .server import serve
 
     try:
