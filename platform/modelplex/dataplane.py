@@ -9,9 +9,9 @@ from .manager import ModelManager
 from .settings import ServerConfig
 from .tensors import InferRequest, InferResponse
 
-EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
-              "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
-              "trace", "logging"]
+# Only what is implemented: clients probe these before using an extension.
+EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy",
+              "model_configuration", "binary_tensor_data", "parameters", "statistics"]
 
 
 class DataPlane:

@@ -54,8 +54,8 @@ class ModelManager:
         """The READY version asked for, or the highest READY one when `version` is empty."""
         entry = self.entries.get(name)
         if entry is None or not entry.versions:
-            raise NotFound(f"model '{name}' is not found" if entry is None and name not in self._known()
-                           else f"model '{name}' is not ready")
+            # No repository scan here: this path is reachable by any client, as often as it likes.
+            raise NotFound(f"model '{name}' is not found" if entry is None else f"model '{name}' is not ready")
         if version:
             if not version.isdigit():
                 raise InvalidInput(f"invalid model version '{version}'")
