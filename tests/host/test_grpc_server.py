@@ -86,12 +86,11 @@ def test_health_watch_reports_the_server_going_not_serving(tmp_path):
             dataplane.accepting = False  # what the server does when shutdown starts
             update = await asyncio.wait_for(watch.read(), timeout=5)
             assert update.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await asyncio.wait_for(watch.read(), timeout=5) is grpc.aio.EOF, "shutdown ends the watch"
             check = await health.Check(health_pb2.HealthCheckRequest(service=""))
             assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
-            watch.cancel()
             unknown = health.Watch(health_pb2.HealthCheckRequest(service="absent"))
             assert (await unknown.read()).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
-            unknown.cancel()
 
     serve(tmp_path, test)
 

@@ -44,11 +44,14 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request, context):
-        """Sends the status now and again on every change (polled), until the client goes away."""
+        """Sends the status now and again on every change (polled), until the client goes away or the
+        server starts shutting down (then NOT_SERVING is the last message, so no watch holds up the stop)."""
         last = None
         while True:
             status = self.status(request.service)
             if status != last:
                 yield health_pb2.HealthCheckResponse(status=status)
                 last = status
+            if not self.dataplane.accepting:
+                return
             await asyncio.sleep(self.watch_interval_secs)
