@@ -178,7 +178,8 @@ def test_unknown_model_is_not_found(client):
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: inputs(A.astype(np.float32), B.astype(np.float32), "FP32"), "has datatype FP32, model 'simple' expects INT32"),
+    (lambda: inputs(A.astype(np.float32), B.astype(np.float32), "FP32"),
+     "has datatype FP32, model 'simple' expects INT32"),
     (lambda: inputs(A[:, :8], B[:, :8]), r"Expected \[-1, 16\], got \[1, 8\]"),
     (lambda: inputs()[:1], "expected input 'INPUT1' for model 'simple' is missing"),
     (lambda: inputs() + [grpcclient.InferInput("EXTRA", [1], "INT32").set_data_from_numpy(np.zeros(1, np.int32))],
