@@ -100,9 +100,32 @@ def throughput(url: str, model: str, concurrency: int, seconds: float, warmup: f
     return {"model": model, "requests": sum(counts), "rps": sum(counts) / seconds}
 
 
-def batch_sizes(url: str, model: str) -> dict:
+def counters(url: str, model: str) -> dict:
     stats = grpcclient.InferenceServerClient(url).get_inference_statistics(model, as_json=True)["model_stats"][0]
-    return {"inferences": int(stats.get("inference_count", 0)), "executions": int(stats.get("execution_count", 0))}
+    return {"inferences": int(stats.get("inference_count", 0)), "executions": int(stats.get("execution_count", 0)),
+            "compute_ns": sum(int(b["compute_infer"].get("ns", 0)) for b in stats.get("batch_stats", []))}
+
+
+def ort_ceiling(model_file: Path, rounds: int = 2) -> dict:
+    """onnxruntime alone (this process, one thread): ms per request at batch 1 and batch 32, the
+    most batching could gain on this machine at this moment."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(model_file), options)
+    best = {1: float("inf"), 32: float("inf")}
+    for _ in range(rounds):
+        for batch, repeats in ((1, 32), (32, 1)):
+            ids = np.full((batch, SEQUENCE), 2000, np.int64)
+            feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            session.run(None, feeds)
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                session.run(None, feeds)
+            best[batch] = min(best[batch], (time.perf_counter() - t0) / repeats / batch * 1e3)
+    return {"ort_b1_ms": best[1], "ort_b32_ms": best[32]}
 
 
 # ---- ensemble overhead --------------------------------------------------------------------
@@ -181,13 +204,21 @@ def report(runs: list[dict], meta: dict) -> str:
              f"before/after): {meta['load'][0]:.1f} / {meta['load'][1]:.1f} on 2 cores.", "",
              f"## minilm at concurrency {meta['concurrency']} (gRPC, {SEQUENCE} tokens, batch 1 per request, "
              f"{meta['seconds']:.0f} s per cell, one ORT thread per run for both)", "",
-             "| model | requests/s | inferences per backend call |", "|---|---|---|"]
+             "| model | requests/s | inferences per backend call | backend compute per inference (ms) |",
+             "|---|---|---|---|"]
     for model, label in (("minilm_plain", "minilm (no dynamic_batching)"), ("minilm_batched", "minilm + `dynamic_batching { }`")):
         rps = [by[(n, model)]["rps"] for n in rounds]
         per_call = [by[(n, model)]["per_call"] for n in rounds]
-        lines.append(f"| {label} | {med(rps):.0f} ({min(rps):.0f}–{max(rps):.0f}) | {med(per_call):.1f} |")
+        compute = [by[(n, model)]["compute_ms"] for n in rounds]
+        lines.append(f"| {label} | {med(rps):.0f} ({min(rps):.0f}–{max(rps):.0f}) | {med(per_call):.1f} "
+                     f"| {med(compute):.1f} ({min(compute):.1f}–{max(compute):.1f}) |")
+    ceiling = [r for r in runs if r["kind"] == "ceiling"]
+    gains = [r["ort_b1_ms"] / r["ort_b32_ms"] for r in ceiling]
     lines += ["", f"**Batched / unbatched: {med(ratios):.2f}×** (per round: "
               f"{', '.join(f'{r:.2f}' for r in ratios)}; goal ≥ 2×)", "",
+              f"Ceiling: onnxruntime alone (one thread, between rounds) takes {med([r['ort_b1_ms'] for r in ceiling]):.1f} "
+              f"ms per request at batch 1 and {med([r['ort_b32_ms'] for r in ceiling]):.1f} at batch 32: batching "
+              f"can gain at most {med(gains):.2f}× here (per round: {', '.join(f'{g:.2f}' for g in gains)}).", "",
               "## Ensemble overhead (gRPC, concurrency 1, p50 latency in ms)", "",
               "| direct `simple` | client calls the 3 steps | `chain1` ensemble | `chain3` ensemble "
               "| one step's work in `simple` (W) | one more step: (chain3 − chain1) / 2 | overhead per step |",
@@ -223,13 +254,18 @@ def main() -> None:
         for n in range(args.rounds):
             order = ["minilm_plain", "minilm_batched"][:: 1 if n % 2 == 0 else -1]
             for model in order:
-                before = batch_sizes(server.grpc_url, model)
+                before = counters(server.grpc_url, model)
                 row = throughput(server.grpc_url, model, args.concurrency, args.seconds, args.warmup)
-                after = batch_sizes(server.grpc_url, model)
-                row["per_call"] = ((after["inferences"] - before["inferences"])
-                                   / max(1, after["executions"] - before["executions"]))
+                after = counters(server.grpc_url, model)
+                inferences = max(1, after["inferences"] - before["inferences"])
+                row["per_call"] = inferences / max(1, after["executions"] - before["executions"])
+                row["compute_ms"] = (after["compute_ns"] - before["compute_ns"]) / inferences / 1e6
                 runs.append({"kind": "throughput", "round": n, **row})
-                log("round %d %s: %.0f req/s, %.1f inferences per call" % (n, model, row["rps"], row["per_call"]))
+                log("round %d %s: %.0f req/s, %.1f inferences per call, %.1f ms compute per inference"
+                    % (n, model, row["rps"], row["per_call"], row["compute_ms"]))
+            row = ort_ceiling(args.repo / "minilm" / "1" / "model.onnx")
+            runs.append({"kind": "ceiling", "round": n, **row})
+            log("round %d onnxruntime alone: %s" % (n, {k: round(v, 2) for k, v in row.items()}))
             row = ensemble_overhead(server.grpc_url, args.latency_requests)
             runs.append({"kind": "ensemble", "round": n, **row})
             log("round %d ensemble: %s" % (n, {k: round(v, 3) for k, v in row.items()}))
