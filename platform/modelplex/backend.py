@@ -65,6 +65,11 @@ class ModelInstance(ABC):
     response per request, in order. Decoupled models implement `stream` instead.
     """
 
+    # How many requests the host may give this instance at once; None: the BackendSpec's
+    # max_concurrency_per_instance. (A decoupled Python model streams many requests while its
+    # worker runs one execute at a time, as in Triton; the same backend's other models take one.)
+    max_concurrency: int | None = None
+
     @abstractmethod
     async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
         ...

@@ -28,8 +28,9 @@ class ModelState(str, enum.Enum):
 class ModelVersion:
     """A version of a model and its pool of idle instances.
 
-    Invariant: an instance is in `_idle` at most `max_concurrency_per_instance` times, and only
-    while no request holds that slot; `inflight` counts requests admitted and not yet finished.
+    Invariant: an instance is in `_idle` at most its `max_concurrency` (default: the spec's
+    `max_concurrency_per_instance`) times, and only while no request holds that slot; `inflight`
+    counts requests admitted and not yet finished.
     """
 
     def __init__(self, ctx: ModelContext, spec: BackendSpec, stats: ModelStats, fingerprint: str):
@@ -56,7 +57,8 @@ class ModelVersion:
         for ictx in self._instance_contexts():
             instance = await asyncio.to_thread(self.spec.create_instance, ictx)
             self.instances.append(instance)
-            for _ in range(max(1, self.spec.max_concurrency_per_instance)):
+            slots = getattr(instance, "max_concurrency", None) or self.spec.max_concurrency_per_instance
+            for _ in range(max(1, slots)):
                 self._idle.put_nowait(instance)
         if self.batcher is not None:
             self.batcher.start(len(self.instances))
