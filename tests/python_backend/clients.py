@@ -30,9 +30,10 @@ def http_infer(server, model: str, **arrays: np.ndarray):
     return client.infer(model, inputs(httpclient, **arrays))
 
 
-def stream(server, model: str, requests: list[dict], timeout: float = 30) -> dict[str, list]:
+def stream(server, model: str, requests: list[dict], timeout: float = 30, order: list | None = None) -> dict[str, list]:
     """Send each request (arrays by input name) on one gRPC stream; returns, per request id, the
-    responses in order (`InferResult`, or the error text), the empty final response as "FINAL"."""
+    responses in order (`InferResult`, or the error text), the empty final response as "FINAL".
+    `order`, if given, gets the request id of every response as it arrives."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     received: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: received.put((result, error)))
@@ -49,6 +50,8 @@ def stream(server, model: str, requests: list[dict], timeout: float = 30) -> dic
                 by_id[open_ids.pop()].append(str(error))
                 continue
             response = result.get_response()
+            if order is not None:
+                order.append(response.id)
             if response.parameters["triton_final_response"].bool_param:
                 by_id[response.id].append("FINAL")
                 open_ids.discard(response.id)

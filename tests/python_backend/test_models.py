@@ -119,3 +119,15 @@ def test_a_model_loads_and_unloads_other_models(python_server):
     steps = http_infer(python_server, "model_control", NAME=text("no_such_model")).as_numpy("STEPS")
     assert steps[0] == b"ready before: False"
     assert steps[1].startswith(b"error: ") and b"no_such_model" in steps[1]
+
+
+def test_one_decoupled_instance_streams_several_requests_at_once(python_server):
+    """Triton's repeat example: execute returns after WAIT while its thread keeps sending, so the next
+    request starts on the same (only) instance and the responses of both interleave."""
+    slow = {"IN": np.array([1, 2, 3], np.int32), "DELAY": np.array([200, 200, 200], np.uint32),
+            "WAIT": np.array([0], np.uint32)}
+    order: list = []
+    responses = stream(python_server, "repeat_int32", [slow, slow], order=order)
+    for request_id in ("0", "1"):
+        assert [int(r.as_numpy("OUT")[0]) for r in responses[request_id][:-1]] == [1, 2, 3]
+    assert order.index("1") < len(order) - 1 - order[::-1].index("0"), f"no interleaving: {order}"

@@ -22,6 +22,9 @@ from .protocol import decode_tensor, encode_tensor
 
 log = logging.getLogger(__name__)
 DEFAULT_EXECUTE_TIMEOUT_SECS = 300.0
+# Streams one decoupled instance takes at once. Its worker still runs one execute at a time, but
+# responses of earlier requests keep flowing meanwhile, as in Triton (a bound, not a Triton setting).
+DECOUPLED_MAX_CONCURRENCY = 64
 FINALIZE_TIMEOUT_SECS = 30.0
 # pb_utils.TritonError codes -> the host's errors (anything else is a 500).
 ERRORS_BY_CODE = {2: NotFound, 3: InvalidInput, 4: Unavailable, 5: Unsupported}
@@ -29,12 +32,17 @@ ERRORS_BY_CODE = {2: NotFound, 3: InvalidInput, 4: Unavailable, 5: Unsupported}
 
 class PythonInstance(ModelInstance):
     """Invariant: `_calls` holds exactly the calls sent to the worker and not yet answered; a future
-    (execute) or a queue (stream) per call id. All of it is touched on the event loop only."""
+    (execute) or a queue (stream) per call id. All of it is touched on the event loop only.
+    A decoupled instance holds `_execute_lock` from sending an execute until the worker returns
+    from it, so each execute's timeout counts its own time, not a queue in the worker."""
 
     def __init__(self, ictx: InstanceContext):
         model = ictx.model
         self.model_name, self.title = model.name, ictx.name
         self.decoupled = model.config.model_transaction_policy.decoupled
+        if self.decoupled:
+            self.max_concurrency = DECOUPLED_MAX_CONCURRENCY
+        self._execute_lock = asyncio.Lock()
         self.execute_timeout = float(model.parameters.get("execute_timeout_secs") or DEFAULT_EXECUTE_TIMEOUT_SECS)
         self.dataplane = model.dataplane
         self._output_types = {t.name: t for t in _output_datatypes(model.config)}
@@ -68,10 +76,11 @@ class PythonInstance(ModelInstance):
         return [self._response(desc, buffers) for desc in responses]
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        call_id, replies = self._open_call(asyncio.Queue())
-        self._send_execute(call_id, [request])
-        executed = False
+        call_id, executed = None, False
+        await self._execute_lock.acquire()
         try:
+            call_id, replies = self._open_call(asyncio.Queue())
+            self._send_execute(call_id, [request])
             while True:
                 try:
                     item = await asyncio.wait_for(replies.get(), self.execute_timeout)
@@ -85,6 +94,7 @@ class PythonInstance(ModelInstance):
                 header, buffers = item
                 if header["op"] == "executed":
                     executed = True
+                    self._execute_lock.release()
                     continue
                 if header.get("error"):
                     raise InternalError(f"model '{self.model_name}': {header['error']}")
@@ -93,6 +103,8 @@ class PythonInstance(ModelInstance):
                 if header["final"]:
                     return
         finally:
+            if not executed:
+                self._execute_lock.release()
             self._calls.pop(call_id, None)
 
     async def close(self) -> None:
