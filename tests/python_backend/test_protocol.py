@@ -88,3 +88,12 @@ def test_bls_and_model_control_outside_execute_raise_instead_of_waiting():
         request.exec()
     with pytest.raises(pb_utils.TritonModelException, match="model control works in execute"):
         pb_utils.is_model_ready("simple")
+
+
+def test_tensors_cross_to_torch_and_back_through_dlpack():
+    torch = pytest.importorskip("torch")
+    tensor = pb_utils.Tensor("x", np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert torch.equal(torch.from_dlpack(tensor), torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert torch.equal(torch.utils.dlpack.from_dlpack(tensor.to_dlpack()), torch.from_dlpack(tensor))
+    back = pb_utils.Tensor.from_dlpack("y", torch.ones(2, dtype=torch.int64))
+    assert back.name() == "y" and back.as_numpy().tolist() == [1, 1] and back.triton_dtype() == 9

@@ -74,9 +74,16 @@ class Tensor:
     def to_dlpack(self):
         return self._array.__dlpack__()
 
+    def __dlpack__(self, stream=None):
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
     @staticmethod
-    def from_dlpack(name: str, capsule) -> "Tensor":
-        return Tensor(name, np.from_dlpack(capsule))
+    def from_dlpack(name: str, tensor) -> "Tensor":
+        """From any object with `__dlpack__` (a torch tensor, another pb_utils.Tensor)."""
+        return Tensor(name, np.from_dlpack(tensor))
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, {self._datatype}, {list(self._array.shape)})"
