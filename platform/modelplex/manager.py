@@ -219,7 +219,7 @@ class ModelManager:
             model = step.model_name
             try:
                 entry = self.entries.get(model)
-                if entry is not None and name in self._steps_of(model, transitive=True):
+                if model == name or (entry is not None and name in self._steps_of(model, transitive=True)):
                     raise InvalidInput(f"ensembles use each other: '{model}' uses '{name}'")
                 if entry is None or not any(mv.is_ready for mv in entry.versions.values()):
                     await self.load(model)

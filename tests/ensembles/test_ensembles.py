@@ -77,7 +77,7 @@ BROKEN = {
                          "in the model repository",
     "bad_unknown_input": "ensemble 'bad_unknown_input' step 1 (model 'simple'): input_map names 'INPUT9', which is "
                          "not an input of the model",
-    "bad_self": "ensemble 'bad_self' step 2 (model 'bad_self'): ensembles use each other: bad_self -> bad_self",
+    "bad_self": "ensemble 'bad_self' step 2 (model 'bad_self'): ensembles use each other: 'bad_self' uses 'bad_self'",
 }
 
 
@@ -133,3 +133,15 @@ def test_a_step_model_cannot_be_unloaded_under_its_ensemble_unless_dependents_go
         c.load_model("ensemble_add_sub")
         c.unload_model("ensemble_add_sub", unload_dependents=True)  # Triton: its step models go too
         assert not c.is_model_ready("simple") and not c.is_model_ready("ensemble_add_sub")
+
+
+def test_reloading_an_ensemble_to_call_itself_is_refused_and_the_loaded_one_keeps_serving(server):
+    import json
+
+    http = client(server, "http")
+    config = http.get_model_config("ensemble_add_sub")
+    config["ensemble_scheduling"]["step"][1]["model_name"] = "ensemble_add_sub"
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("ensemble_add_sub", config=json.dumps(config))
+    assert "ensemble 'ensemble_add_sub' step 2 (model 'ensemble_add_sub'): ensembles use each other" in e.value.message()
+    np.testing.assert_array_equal(infer(server, "grpc", "ensemble_add_sub").as_numpy("OUTPUT0"), A + B)
