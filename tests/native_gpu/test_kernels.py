@@ -14,10 +14,13 @@ BLOCK_SIZE = 16
 NUM_BLOCKS = 12
 
 
-def make_cache(num_kv_heads, head_dim, seed=0):
+def make_cache(num_kv_heads, head_dim, seed=0, head_major=False):
+    """[num_blocks, block_size, Hkv, D]; head_major gives the CPU runner's permuted view of [Hkv, blocks, bs, D]."""
     g = torch.Generator().manual_seed(seed)
-    shape = (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim)
-    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    shape = (num_kv_heads, NUM_BLOCKS, BLOCK_SIZE, head_dim) if head_major else \
+        (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim)
+    caches = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    return tuple(c.permute(1, 2, 0, 3) for c in caches) if head_major else caches
 
 
 def block_tables_for(context_lens, max_blocks=5):
@@ -31,9 +34,13 @@ def block_tables_for(context_lens, max_blocks=5):
     return torch.tensor(tables, dtype=torch.int32)
 
 
+LAYOUTS = pytest.mark.parametrize("head_major", [False, True], ids=["token_major", "head_major"])
+
+
+@LAYOUTS
 @pytest.mark.parametrize("head_dim", [32, 24])  # 24: not a power of two
-def test_store_kvcache_matches_reference_with_padded_slot(head_dim):
-    k_cache, v_cache = make_cache(2, head_dim)
+def test_store_kvcache_matches_reference_with_padded_slot(head_dim, head_major):
+    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major)
     key, value = torch.randn(5, 2, head_dim), torch.randn(5, 2, head_dim)
     slots = torch.tensor([3, 17, -1, 40, 15], dtype=torch.int64)  # 15 -> 16 crosses a block boundary
     want_k, want_v = k_cache.clone(), v_cache.clone()
@@ -41,12 +48,13 @@ def test_store_kvcache_matches_reference_with_padded_slot(head_dim):
     tk.store_kvcache(key, value, k_cache, v_cache, slots)
     torch.testing.assert_close(k_cache, want_k, msg="key cache differs")
     torch.testing.assert_close(v_cache, want_v, msg="value cache differs")
-    assert torch.equal(want_k.view(-1, 2, head_dim)[17], key[1])
+    assert torch.equal(want_k.flatten(0, 1)[17], key[1])
 
 
+@LAYOUTS
 @pytest.mark.parametrize("head_dim", [32, 24])
-def test_paged_decode_attention_matches_reference(head_dim):
-    k_cache, v_cache = make_cache(2, head_dim)
+def test_paged_decode_attention_matches_reference(head_dim, head_major):
+    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major)
     context_lens = torch.tensor([1, 17, 33], dtype=torch.int32)  # 17 and 33 cross block boundaries
     tables = block_tables_for(context_lens.tolist())
     query = torch.randn(3, 4, head_dim)  # 4 query heads over 2 KV heads
@@ -56,9 +64,10 @@ def test_paged_decode_attention_matches_reference(head_dim):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg="decode attention differs")
 
 
+@LAYOUTS
 @pytest.mark.parametrize("head_dim", [32, 24])
-def test_prefix_prefill_attention_matches_reference(head_dim):
-    k_cache, v_cache = make_cache(2, head_dim)
+def test_prefix_prefill_attention_matches_reference(head_dim, head_major):
+    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major)
     context_lens = torch.tensor([20, 18, 5], dtype=torch.int32)
     q_lens = [20, 3, 5]  # fresh prefill, chunk after a 15-token cached prefix, short prompt
     cu_seqlens_q = torch.tensor([0, 20, 23, 28], dtype=torch.int32)

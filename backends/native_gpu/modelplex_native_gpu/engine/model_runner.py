@@ -71,8 +71,13 @@ class ModelRunner:
                 f"{self.cfg.max_model_len} needs {needed} blocks: at least {needed * self.bytes_per_block} bytes "
                 f"(or lower max_model_len)")
         a = self.arch
-        self.kv_cache = torch.zeros(2, a.num_hidden_layers, num_blocks, self.block_size, a.num_key_value_heads,
-                                    a.head_dim, dtype=self.dtype, device=self.device)
+        # Head-major on CPU so the torch path gathers [Hkv, N, D] matrices; token-major for the Triton kernels.
+        head_major = self.device.type == "cpu"
+        shape = (a.num_key_value_heads, num_blocks, self.block_size) if head_major else \
+            (num_blocks, self.block_size, a.num_key_value_heads)
+        self.kv_cache = torch.zeros(2, a.num_hidden_layers, *shape, a.head_dim, dtype=self.dtype, device=self.device)
+        if head_major:
+            self.kv_cache = self.kv_cache.permute(0, 1, 3, 4, 2, 5)  # same [.., num_blocks, block_size, Hkv, D] view
         for i, layer in enumerate(self.model.layers):
             layer.self_attn.attn.k_cache = self.kv_cache[0, i]
             layer.self_attn.attn.v_cache = self.kv_cache[1, i]

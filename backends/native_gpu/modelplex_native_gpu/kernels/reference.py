@@ -1,6 +1,8 @@
 """Torch reference implementations of the paged-attention kernels; also the CPU execution path.
 
-Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim].
+Cache shape: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim], either contiguous
+or (the fast CPU layout) a permuted view of a head-major [num_kv_heads, num_blocks, block_size, head_dim]
+tensor: then gathering a sequence's blocks yields [Hkv, N, D] matrices that attention reads without copies.
 Block tables are padded with block 0 (the null block); padded positions are masked out.
 """
 from __future__ import annotations
@@ -12,18 +14,19 @@ import torch.nn.functional as F
 def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slot_mapping: torch.Tensor) -> None:
     """Write key/value [T, Hkv, D] into the cache slots slot_mapping [T]; slot -1 means skip (padding)."""
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if bool((slot_mapping < 0).any()):
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    k_cache.flatten(0, 1).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.flatten(0, 1).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """[..., num_blocks] block ids -> [..., num_blocks * block_size, Hkv, D] token rows."""
-    rows = cache.index_select(0, block_table.reshape(-1))
-    return rows.view(*block_table.shape[:-1], -1, cache.shape[2], cache.shape[3])
+    """Block ids [B, num_blocks] -> keys or values [B, Hkv, num_blocks * block_size, D]."""
+    head_major = cache.permute(2, 0, 1, 3)  # [Hkv, num_blocks, block_size, D]; a free view in the CPU layout
+    rows = head_major.index_select(1, block_table.reshape(-1))
+    num_kv_heads, head_dim = cache.shape[2], cache.shape[3]
+    return rows.view(num_kv_heads, block_table.shape[0], -1, head_dim).transpose(0, 1)
 
 
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -34,8 +37,8 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     """
     batch, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
-    keys = _gather(k_cache, block_tables).transpose(1, 2)  # [B, Hkv, N, D]
-    values = _gather(v_cache, block_tables).transpose(1, 2)
+    keys = _gather(k_cache, block_tables)  # [B, Hkv, N, D]
+    values = _gather(v_cache, block_tables)
     positions = torch.arange(keys.shape[2], device=query.device)
     mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, N]
     q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
@@ -59,8 +62,8 @@ def prefix_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache
         q_start, q_end = starts[s], starts[s + 1]
         q_len = q_end - q_start
         table = block_tables[s, :(ctx_len + block_size - 1) // block_size]
-        keys = _gather(k_cache, table)[:ctx_len].transpose(0, 1).to(query.dtype)  # [Hkv, N, D]
-        values = _gather(v_cache, table)[:ctx_len].transpose(0, 1).to(query.dtype)
+        keys = _gather(k_cache, table[None])[0, :, :ctx_len].to(query.dtype)  # [Hkv, N, D]
+        values = _gather(v_cache, table[None])[0, :, :ctx_len].to(query.dtype)
         q = query[q_start:q_end].transpose(0, 1)  # [H, q_len, D]
         if q_len == ctx_len:
             mask, is_causal = None, True

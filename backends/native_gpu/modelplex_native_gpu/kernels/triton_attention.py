@@ -1,6 +1,7 @@
 """Triton kernels for CUDA: KV-cache store, paged decode attention, prefill attention over a cached prefix.
 
-Same signatures as kernels/reference.py. Block size must be a power of two >= 16 (tl.dot tiles);
+Same signatures as kernels/reference.py; caches may be any strided view of
+[num_blocks, block_size, num_kv_heads, head_dim] with a contiguous last dim. Block size must be a power of two >= 16 (tl.dot tiles);
 any head size works (padded to the next power of two and masked).
 Tested on CPU under TRITON_INTERPRET=1, which is why there is no multi-config autotuning.
 """
@@ -13,32 +14,38 @@ import triton.language as tl
 
 @triton.jit
 def _store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-                          key_stride, value_stride, ROW: tl.constexpr, BLOCK: tl.constexpr):
+                          key_stride_t, key_stride_h, value_stride_t, value_stride_h,
+                          cache_stride_b, cache_stride_t, cache_stride_h,
+                          NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                          BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token)
     if slot < 0:  # a padded token owns no slot
         return
-    offs = tl.arange(0, BLOCK)
-    mask = offs < ROW
-    k = tl.load(key_ptr + token * key_stride + offs, mask=mask)
-    v = tl.load(value_ptr + token * value_stride + offs, mask=mask)
-    tl.store(k_cache_ptr + slot * ROW + offs, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + slot * ROW + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    offs_h = tl.arange(0, BLOCK_H)[:, None]
+    offs_d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (offs_h < NUM_KV_HEADS) & (offs_d < HEAD_DIM)
+    k = tl.load(key_ptr + token * key_stride_t + offs_h * key_stride_h + offs_d, mask=mask)
+    v = tl.load(value_ptr + token * value_stride_t + offs_h * value_stride_h + offs_d, mask=mask)
+    dst = (slot // BLOCK_SIZE) * cache_stride_b + (slot % BLOCK_SIZE) * cache_stride_t + offs_h * cache_stride_h + offs_d
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def store_kvcache(key, value, k_cache, v_cache, slot_mapping) -> None:
     num_tokens, num_kv_heads, head_dim = key.shape
-    assert key.stride(-1) == 1 and key.stride(-2) == head_dim and value.stride(-2) == head_dim
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    row = num_kv_heads * head_dim
-    _store_kvcache_kernel[(num_tokens,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0),
-                                         value.stride(0), ROW=row, BLOCK=triton.next_power_of_2(row))
+    assert key.stride(-1) == value.stride(-1) == k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    _store_kvcache_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=k_cache.shape[1])
 
 
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr,
                          scale, q_stride_b, q_stride_h, bt_stride, out_stride_b, out_stride_h,
-                         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         cache_stride_b, cache_stride_t, cache_stride_h, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -51,12 +58,12 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    token_row = NUM_KV_HEADS * HEAD_DIM
     for blk in range(0, tl.cdiv(ctx_len, BLOCK_SIZE)):
         block_id = tl.load(block_tables_ptr + seq * bt_stride + blk).to(tl.int64)
         pos = blk * BLOCK_SIZE + offs_t
         valid = pos < ctx_len
-        base = (block_id * BLOCK_SIZE + offs_t)[:, None] * token_row + kv_head * HEAD_DIM + offs_d[None, :]
+        base = (block_id * cache_stride_b + kv_head * cache_stride_h
+                + offs_t[:, None] * cache_stride_t + offs_d[None, :])
         kv_mask = valid[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + base, mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.sum(k * q[None, :], axis=1) * scale
@@ -80,7 +87,7 @@ def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, 
     _paged_decode_kernel[(batch, num_heads)](
         query, k_cache, v_cache, block_tables, context_lens, out, scale,
         query.stride(0), query.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
-        NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size)
     return out
 
@@ -88,7 +95,7 @@ def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, 
 @triton.jit
 def _prefix_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
                            out_ptr, scale, q_stride_t, q_stride_h, bt_stride, out_stride_t, out_stride_h,
-                           NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           cache_stride_b, cache_stride_t, cache_stride_h, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -111,13 +118,13 @@ def _prefix_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    token_row = NUM_KV_HEADS * HEAD_DIM
     # Causality: this tile's last query sits at prefix_len + (tile + 1) * BLOCK_M - 1.
     kv_end = tl.minimum(ctx_len, prefix_len + (tile + 1) * BLOCK_M)
     for blk in range(0, tl.cdiv(kv_end, BLOCK_SIZE)):
         block_id = tl.load(block_tables_ptr + seq * bt_stride + blk).to(tl.int64)
         kv_pos = blk * BLOCK_SIZE + offs_t
-        base = (block_id * BLOCK_SIZE + offs_t)[:, None] * token_row + kv_head * HEAD_DIM + offs_d[None, :]
+        base = (block_id * cache_stride_b + kv_head * cache_stride_h
+                + offs_t[:, None] * cache_stride_t + offs_d[None, :])
         kv_mask = (kv_pos < ctx_len)[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + base, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
@@ -148,6 +155,6 @@ def prefix_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q
     _prefix_prefill_kernel[grid](
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale,
         query.stride(0), query.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
-        NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_M=block_m)
     return out
