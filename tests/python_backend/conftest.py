@@ -5,12 +5,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from python_clients import SERVER_ENV, load_args
 
 MODELS = Path(__file__).resolve().parent / "models"
-# Loaded at start; `init_fails` is loaded by its test, to see the load fail.
+# Loaded at start; `init_fails` and `spare` are loaded by the tests about loading.
 SERVED = ["simple", "add_sub", "bls_sync", "bls_async", "repeat_int32", "square_int32", "sum_squares", "whoami",
-          "faulty", "sleepy", "auto_add", "batch_counter", "forgetful",
-          "model_control"]
+          "faulty", "sleepy", "auto_add", "batch_counter", "forgetful", "model_control"]
 
 
 @pytest.fixture(scope="session")
@@ -22,17 +22,6 @@ def python_repo(tmp_path_factory) -> Path:
     for model in MODELS.iterdir():
         shutil.copytree(model, out / model.name)
     return out
-
-
-# Only the backends these tests use: a plugin being worked on elsewhere cannot break them.
-SERVER_ENV = {"MODELPLEX_PLUGINS": "onnx,python,ensemble"}
-
-
-def load_args(models: list[str]) -> list[str]:
-    args = ["--model-control-mode", "explicit"]
-    for model in models:
-        args += ["--load-model", model]
-    return args
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Small tritonclient helpers shared by the Python-backend tests."""
+"""Helpers shared by the Python-backend tests: server arguments and small tritonclient calls."""
 from __future__ import annotations
 
 import queue
@@ -6,6 +6,17 @@ import queue
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+# Only the backends these tests use: a plugin being worked on elsewhere cannot break them.
+SERVER_ENV = {"MODELPLEX_PLUGINS": "onnx,python,ensemble"}
+
+
+def load_args(models: list[str]) -> list[str]:
+    args = ["--model-control-mode", "explicit"]
+    for model in models:
+        args += ["--load-model", model]
+    return args
+
 
 DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.uint32): "UINT32",
              np.dtype(np.int64): "INT64", np.dtype(np.object_): "BYTES"}

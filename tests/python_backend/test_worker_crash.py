@@ -11,8 +11,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from clients import http_infer, inputs
-from conftest import SERVER_ENV, load_args
+from python_clients import SERVER_ENV, http_infer, inputs, load_args
 from serverproc import ServerProcess
 
 
