@@ -9,7 +9,8 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["modelplex", "modelplex_onnx", "modelplex_native_gpu", "modelplex_openvino", "modelplex_multilora",
+PACKAGES = ["modelplex", "modelplex_onnx", "modelplex_native_gpu", "modelplex_openvino", "modelplex_python",
+            "triton_python_backend_utils", "modelplex_multilora",
             "modelplex_ensembles", "modelplex_admin"]
 
 
