@@ -1,0 +1,31 @@
+"""Declares the `native_gpu` LLM backend to modelplex; torch and the engine load only with a model.
+
+Weights: `<version>/model.gguf` or `<version>/` as an HF folder (config.json + safetensors).
+Engine settings come from config.pbtxt `parameters` (EngineConfig field names). Tensors follow
+Triton's vLLM backend: `text_input` (BYTES), optional `sampling_parameters` (BYTES, JSON object)
+in; `text_output` (BYTES) out. Decoupled models stream text deltas; others return the whole text.
+"""
+from __future__ import annotations
+
+from modelplex import BackendSpec, InstanceContext, ModelContext, ModelInstance, hookimpl
+
+MAX_CONCURRENCY = 256  # the engine batches internally; the host may hand it this many requests
+
+
+def _create_instance(ictx: InstanceContext) -> ModelInstance:
+    from .serving import LLMInstance
+
+    return LLMInstance(ictx)
+
+
+def _auto_complete_config(ctx: ModelContext) -> None:
+    from .serving import auto_complete_config
+
+    auto_complete_config(ctx)
+
+
+@hookimpl
+def modelplex_backends():
+    return [BackendSpec(name="native_gpu", aliases=("vllm",), default_model_filename="model.gguf",
+                        create_instance=_create_instance, auto_complete_config=_auto_complete_config,
+                        max_concurrency_per_instance=MAX_CONCURRENCY)]
