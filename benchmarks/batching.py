@@ -106,6 +106,12 @@ def counters(url: str, model: str) -> dict:
             "compute_ns": sum(int(b["compute_infer"].get("ns", 0)) for b in stats.get("batch_stats", []))}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used (from /proc): steadier than wall time on a busy host."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def ort_ceiling(model_file: Path, rounds: int = 2) -> dict:
     """onnxruntime alone (this process, one thread): ms per request at batch 1 and batch 32, the
     most batching could gain on this machine at this moment."""
@@ -204,18 +210,22 @@ def report(runs: list[dict], meta: dict) -> str:
              f"before/after): {meta['load'][0]:.1f} / {meta['load'][1]:.1f} on 2 cores.", "",
              f"## minilm at concurrency {meta['concurrency']} (gRPC, {SEQUENCE} tokens, batch 1 per request, "
              f"{meta['seconds']:.0f} s per cell, one ORT thread per run for both)", "",
-             "| model | requests/s | inferences per backend call | backend compute per inference (ms) |",
-             "|---|---|---|---|"]
+             "| model | requests/s | inferences per backend call | backend compute per inference (ms) "
+             "| server CPU per inference (ms) |", "|---|---|---|---|---|"]
     for model, label in (("minilm_plain", "minilm (no dynamic_batching)"), ("minilm_batched", "minilm + `dynamic_batching { }`")):
         rps = [by[(n, model)]["rps"] for n in rounds]
         per_call = [by[(n, model)]["per_call"] for n in rounds]
         compute = [by[(n, model)]["compute_ms"] for n in rounds]
+        cpu = [by[(n, model)]["cpu_ms"] for n in rounds]
         lines.append(f"| {label} | {med(rps):.0f} ({min(rps):.0f}–{max(rps):.0f}) | {med(per_call):.1f} "
-                     f"| {med(compute):.1f} ({min(compute):.1f}–{max(compute):.1f}) |")
+                     f"| {med(compute):.1f} ({min(compute):.1f}–{max(compute):.1f}) "
+                     f"| {med(cpu):.1f} ({min(cpu):.1f}–{max(cpu):.1f}) |")
     ceiling = [r for r in runs if r["kind"] == "ceiling"]
     gains = [r["ort_b1_ms"] / r["ort_b32_ms"] for r in ceiling]
+    cpu_gains = [by[(n, "minilm_plain")]["cpu_ms"] / by[(n, "minilm_batched")]["cpu_ms"] for n in rounds]
     lines += ["", f"**Batched / unbatched: {med(ratios):.2f}×** (per round: "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}; goal ≥ 2×)", "",
+              f"{', '.join(f'{r:.2f}' for r in ratios)}; goal ≥ 2×). Server CPU per inference, unbatched / "
+              f"batched: {med(cpu_gains):.2f}× (per round: {', '.join(f'{g:.2f}' for g in cpu_gains)}).", "",
               f"Ceiling: onnxruntime alone (one thread, between rounds) takes {med([r['ort_b1_ms'] for r in ceiling]):.1f} "
               f"ms per request at batch 1 and {med([r['ort_b32_ms'] for r in ceiling]):.1f} at batch 32: batching "
               f"can gain at most {med(gains):.2f}× here (per round: {', '.join(f'{g:.2f}' for g in gains)}).", "",
@@ -254,15 +264,16 @@ def main() -> None:
         for n in range(args.rounds):
             order = ["minilm_plain", "minilm_batched"][:: 1 if n % 2 == 0 else -1]
             for model in order:
-                before = counters(server.grpc_url, model)
+                before, cpu_before = counters(server.grpc_url, model), cpu_seconds(server.proc.pid)
                 row = throughput(server.grpc_url, model, args.concurrency, args.seconds, args.warmup)
-                after = counters(server.grpc_url, model)
+                after, cpu_after = counters(server.grpc_url, model), cpu_seconds(server.proc.pid)
                 inferences = max(1, after["inferences"] - before["inferences"])
+                row["cpu_ms"] = (cpu_after - cpu_before) / inferences * 1e3
                 row["per_call"] = inferences / max(1, after["executions"] - before["executions"])
                 row["compute_ms"] = (after["compute_ns"] - before["compute_ns"]) / inferences / 1e6
                 runs.append({"kind": "throughput", "round": n, **row})
-                log("round %d %s: %.0f req/s, %.1f inferences per call, %.1f ms compute per inference"
-                    % (n, model, row["rps"], row["per_call"], row["compute_ms"]))
+                log("round %d %s: %.0f req/s, %.1f inferences per call, %.1f ms compute and %.1f ms server CPU "
+                    "per inference" % (n, model, row["rps"], row["per_call"], row["compute_ms"], row["cpu_ms"]))
             row = ort_ceiling(args.repo / "minilm" / "1" / "model.onnx")
             runs.append({"kind": "ceiling", "round": n, **row})
             log("round %d onnxruntime alone: %s" % (n, {k: round(v, 2) for k, v in row.items()}))
