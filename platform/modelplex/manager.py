@@ -132,6 +132,8 @@ class ModelManager:
         chain = _LOAD_CHAIN.get()
         if name in chain:
             raise InvalidInput(f"ensembles use each other: {' -> '.join(chain + (name,))}")
+        if not files and name not in self.entries:
+            self.repository.locate(name)  # an unknown name is NotFound before any state is kept for it
         entry = self.entries.setdefault(name, ModelEntry(name))
         token = _LOAD_CHAIN.set(chain + (name,))
         try:
