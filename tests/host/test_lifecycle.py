@@ -170,3 +170,13 @@ def test_explicit_load_unload_reload_under_traffic(repo_copy):
         assert rows["simple_string"]["state"] == "UNAVAILABLE" and rows["simple_string"]["reason"] == "unloaded"
         with pytest.raises(InferenceServerException):
             client.infer("simple_string", [])
+
+
+def test_loading_an_unknown_model_leaves_nothing_behind(repo_copy):
+    with ServerProcess([repo_copy], "--model-control-mode", "explicit") as s:
+        client = httpclient.InferenceServerClient(s.http_url)
+        with pytest.raises(InferenceServerException, match="not in the model repository"):
+            client.load_model("nope")
+        assert "nope" not in {r["name"] for r in client.get_model_repository_index()}
+        with pytest.raises(InferenceServerException, match="not found"):
+            client.unload_model("nope")
