@@ -74,7 +74,7 @@ def probe(spec: host_servers.ServerSpec) -> dict[str, str | None]:
 
 def run_cell(spec, pid, protocol, client, conc, args, lua) -> dict:
     """One run; adds `cpu_us_per_req`: the server's CPU time per answered request, which the
-    machine's other load barely changes (it slows the server down but does not make it work more)."""
+    machine's other load changes far less than req/s (it slows a server more than it adds work)."""
     def server_cpu():
         return host_servers.cpu_seconds(pid)
 
@@ -194,8 +194,9 @@ def render(records, args, versions, started, finished) -> str:
         "work, so absolute numbers move a lot between runs: compare the paired ratios)."
         % ("%.2f–%.2f" % (min(loads), max(loads)) if loads else "–"),
         "- Server CPU µs/req: the server process's user+system CPU time (all threads, from /proc) over "
-        "a run, divided by the requests it answered in it. Other load slows a server down but hardly "
-        "makes it work more per request, so this is the steadiest number here.",
+        "a run, divided by the requests it answered in it. Other load slows a server down much more than "
+        "it makes it work more per request (it still inflates it, for both servers), so this is the "
+        "steadiest number here.",
         "", "## Results", ""]
     lines += host_report.results_table(records, not_applicable)
     lines += ["", "## modelplex / MLServer at concurrency 64", "",
