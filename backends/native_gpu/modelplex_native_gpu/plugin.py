@@ -1,9 +1,11 @@
 """Declares the `native_gpu` LLM backend to modelplex; torch and the engine load only with a model.
 
 Weights: `<version>/model.gguf` or `<version>/` as an HF folder (config.json + safetensors).
-Engine settings come from config.pbtxt `parameters` (EngineConfig field names). Tensors follow
-Triton's vLLM backend: `text_input` (BYTES), optional `sampling_parameters` (BYTES, JSON object)
-in; `text_output` (BYTES) out. Decoupled models stream text deltas; others return the whole text.
+Engine settings come from config.pbtxt `parameters` (EngineConfig field names, plus
+`max_queue_size`). Tensors follow Triton's vLLM backend, extended (see protocol.py): `text_input`
+or `messages`, optional `sampling_parameters` in; `text_output` out. Decoupled models stream
+text deltas; others return the whole text. `GET /v2/models/{m}/engine_stats` shows the engines'
+occupancy (running and waiting requests, free KV blocks).
 """
 from __future__ import annotations
 
@@ -29,3 +31,20 @@ def modelplex_backends():
     return [BackendSpec(name="native_gpu", aliases=("vllm",), default_model_filename="model.gguf",
                         create_instance=_create_instance, auto_complete_config=_auto_complete_config,
                         max_concurrency_per_instance=MAX_CONCURRENCY)]
+
+
+@hookimpl
+def modelplex_http_routers(dataplane):
+    from fastapi import APIRouter
+    from starlette.responses import JSONResponse
+
+    router = APIRouter()
+
+    @router.get("/v2/models/{model}/engine_stats")
+    @router.get("/v2/models/{model}/versions/{version}/engine_stats")
+    async def engine_stats(model: str, version: str = ""):
+        instances = dataplane.manager.get(model, version).instances
+        return JSONResponse({"model_name": model, "instances": [i.engine_stats() for i in instances
+                                                                 if hasattr(i, "engine_stats")]})
+
+    return [router]

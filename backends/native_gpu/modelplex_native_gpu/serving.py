@@ -1,24 +1,31 @@
-"""The modelplex ModelInstance over an AsyncLLMEngine: request tensors in, text out (whole or streamed)."""
+"""The modelplex ModelInstance over an AsyncLLMEngine: request tensors in, text out (whole or streamed).
+
+Config `parameters` are EngineConfig fields plus `max_queue_size` (requests waiting for a batch
+slot, default 256): beyond it a request is refused at once with Unavailable (503 / 429).
+"""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import itertools
-import json
 import logging
 from collections.abc import AsyncIterator
 
-import numpy as np
-from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InvalidInput, ModelContext,
-                       ModelInstance)
+from modelplex import InferRequest, InferResponse, InstanceContext, InvalidInput, ModelContext, ModelInstance, Unavailable
 
 from .config import EngineConfig
 from .errors import EngineError
+from .protocol import GenerateCall, make_response, parse_request
 
 log = logging.getLogger(__name__)
 
 _INT_FIELDS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes", "max_model_len",
                "num_threads", "seed")
 _request_ids = itertools.count()
+QUEUE_SIZE_PARAMETER = "max_queue_size"
+DEFAULT_MAX_QUEUE_SIZE = 256
+RETRY_AFTER_SECONDS = 1.0
 
 
 def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
@@ -29,8 +36,11 @@ def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
     settings = {}
     for key, value in ctx.parameters.items():
+        if key == QUEUE_SIZE_PARAMETER:
+            continue
         if key not in fields:
-            raise InvalidInput(f"model '{ctx.name}': unknown parameter '{key}' (known: {sorted(fields)})")
+            known = sorted(fields | {QUEUE_SIZE_PARAMETER})
+            raise InvalidInput(f"model '{ctx.name}': unknown parameter '{key}' (known: {known})")
         try:
             if key in _INT_FIELDS:
                 settings[key] = int(value)
@@ -49,79 +59,94 @@ def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
         raise InvalidInput(f"model '{ctx.name}': {exc}") from None
 
 
+def max_queue_size(ctx: ModelContext) -> int:
+    value = ctx.parameters.get(QUEUE_SIZE_PARAMETER, str(DEFAULT_MAX_QUEUE_SIZE))
+    try:
+        size = int(value)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise InvalidInput(f"model '{ctx.name}': parameter '{QUEUE_SIZE_PARAMETER}' must be an integer >= 0, "
+                           f"got {value!r}")
+    return size
+
+
 def auto_complete_config(ctx: ModelContext) -> None:
-    """Declare text_input / sampling_parameters / text_output when config.pbtxt lists no tensors."""
+    """Declare the protocol's tensors (see protocol.py) when config.pbtxt lists none."""
     from tritonclient.grpc import model_config_pb2 as pb
 
     config = ctx.config
     if not config.input:
-        for name, optional in (("text_input", False), ("sampling_parameters", True)):
+        # text_input is optional only because a chat request sends `messages` instead.
+        for name in ("text_input", "messages", "sampling_parameters"):
             tensor = config.input.add(name=name, data_type=pb.TYPE_STRING, dims=[1])
-            tensor.optional = optional
+            tensor.optional = True
     if not config.output:
         config.output.add(name="text_output", data_type=pb.TYPE_STRING, dims=[-1])
 
 
 class LLMInstance(ModelInstance):
-    """One engine per instance; the host may hand it many requests at once (they batch inside)."""
+    """One engine per instance; the host may hand it many requests at once (they batch inside).
+
+    Invariant: at most `max_queue_size` requests wait in the engine's scheduler; leaving a stream
+    early (client gone, cancelled) closes the engine's stream, which aborts the request.
+    """
 
     def __init__(self, ictx: InstanceContext):
         from .engine.async_engine import AsyncLLMEngine
         from .engine.llm_engine import LLMEngine
 
         device = "cuda:%d" % ictx.device_id if ictx.kind == "GPU" else ("cpu" if ictx.kind == "CPU" else None)
+        self.max_queue_size = max_queue_size(ictx.model)
         try:
             self.engine = AsyncLLMEngine(LLMEngine(engine_config(ictx.model, device)))
         except EngineError as exc:
             raise InvalidInput(f"model '{ictx.model.name}': {exc}") from None
-        self.model_name, self.model_version = ictx.model.name, str(ictx.model.version)
+        self.model = (ictx.model.name, str(ictx.model.version))
 
     async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
-        import asyncio
-
         return list(await asyncio.gather(*(self._complete(r) for r in requests)))
 
     async def _complete(self, request: InferRequest) -> InferResponse:
-        text, reason = "", None
-        async for output in self._generate(request):
-            text, reason = output.text, output.finish_reason
-        return self._response(request, text, reason)
+        call = self._parse(request)
+        if call.params.n > 1:
+            raise InvalidInput("n: more than one completion per request needs a decoupled model")
+        last = None
+        async with contextlib.aclosing(self._generate(request, call)) as outputs:
+            async for last in outputs:
+                pass
+        return make_response(request, self.model, last.text, last, call.params, self.engine.tokenizer)
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        async for output in self._generate(request):
-            if output.text_delta or output.finished:
-                yield self._response(request, output.text_delta, output.finish_reason)
+        call = self._parse(request)
+        async with contextlib.aclosing(self._generate(request, call)) as outputs:
+            async for output in outputs:
+                if output.text_delta or output.finished or output.new_logprobs:
+                    yield make_response(request, self.model, output.text_delta, output, call.params,
+                                        self.engine.tokenizer)
 
-    async def _generate(self, request: InferRequest):
-        prompt, params = _parse(request)
+    def _parse(self, request: InferRequest) -> GenerateCall:
+        return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len)
+
+    async def _generate(self, request: InferRequest, call: GenerateCall):
+        # Read without the engine lock: the event loop adds requests, so no other add interleaves.
+        if len(self.engine.engine.scheduler.waiting) >= self.max_queue_size:
+            raise Unavailable(f"model '{self.model[0]}': {self.max_queue_size} requests already wait; try again "
+                              f"later", retry_after=RETRY_AFTER_SECONDS)
+        request_id = f"{request.id or 'req'}-{next(_request_ids)}"
         try:
-            async for output in self.engine.generate(f"{request.id or 'req'}-{next(_request_ids)}", prompt, params):
-                yield output
+            stream = self.engine.generate(request_id, call.prompt_ids, call.params)
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    yield output
         except EngineError as exc:  # raised on the first step of the stream, before any output
             raise InvalidInput(str(exc)) from None
 
-    def _response(self, request: InferRequest, text: str, reason: str | None) -> InferResponse:
-        out = InferTensor.from_numpy("text_output", np.array([text.encode()], dtype=np.object_))
-        return InferResponse(self.model_name, self.model_version, [out], id=request.id,
-                             parameters={"finish_reason": reason} if reason else {})
+    def engine_stats(self) -> dict:
+        """Scheduler and KV-cache occupancy, for the debug route and tests."""
+        engine = self.engine.engine
+        return {**engine.stats(), "num_running": len(engine.scheduler.running),
+                "num_waiting": len(engine.scheduler.waiting), "max_queue_size": self.max_queue_size}
 
     async def close(self) -> None:
         self.engine.shutdown()
-
-
-def _parse(request: InferRequest) -> tuple[str, dict]:
-    prompt = _first_string(request.input("text_input"))
-    params = {}
-    if any(t.name == "sampling_parameters" for t in request.inputs):
-        try:
-            params = json.loads(_first_string(request.input("sampling_parameters")))
-        except json.JSONDecodeError as exc:
-            raise InvalidInput(f"sampling_parameters: not JSON ({exc.msg})") from None
-        if not isinstance(params, dict):
-            raise InvalidInput("sampling_parameters: must be a JSON object")
-    return prompt, params
-
-
-def _first_string(tensor: InferTensor) -> str:
-    value = tensor.data.reshape(-1)[0] if tensor.data.size else b""
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -5,7 +5,9 @@ from fastapi import FastAPI
 
 from ..dataplane import DataPlane
 from ..settings import ServerConfig
+from ..openai import create_openai_router
 from .errors import install_error_handlers
+from .generate import create_generate_router
 from .infer import INFER_PATH, InferEndpoint
 from .routes import create_router
 
@@ -33,6 +35,8 @@ def create_http_app(dataplane: DataPlane, settings: ServerConfig, pm=None) -> Fr
     app = FastAPI(title="modelplex", openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.include_router(create_router(dataplane, settings))
+    app.include_router(create_generate_router(dataplane))
+    app.include_router(create_openai_router(dataplane))
     if pm is not None:
         for routers in pm.hook.modelplex_http_routers(dataplane=dataplane):
             for router in routers or ():

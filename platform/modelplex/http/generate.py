@@ -1,0 +1,107 @@
+"""Triton's generate extension: `POST /v2/models/{m}[/versions/{v}]/generate` and `.../generate_stream`.
+
+Top-level JSON fields named like a model input become one-element tensors (objects and lists
+for a BYTES input are sent as JSON text); `parameters` and every other field become request
+parameters, where the native_gpu backend reads sampling fields (as Triton's vLLM backend does).
+Each response is a flat object: model_name, model_version, id, one field per output and the
+response parameters. `generate` on a decoupled model joins the streamed text into one answer.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Request
+
+from ..dataplane import DataPlane
+from ..errors import InvalidInput, ModelplexError
+from ..tensors import InferRequest, InferResponse, InferTensor, numpy_dtype
+from .routes import json_response, read_json_object
+from .sse import first_and_rest, relay, sse_event, sse_response
+
+
+def generate_request(dataplane: DataPlane, model: str, version: str, body: dict) -> InferRequest:
+    inputs = {t["name"]: t["datatype"] for t in dataplane.model_metadata(model, version)["inputs"]}
+    batched = dataplane.model_config(model, version).max_batch_size > 0
+    parameters = body.pop("parameters", {})
+    if type(parameters) is not dict:
+        raise InvalidInput("'parameters' must be a JSON object")
+    request_id = body.pop("id", "")
+    if type(request_id) is not str:
+        raise InvalidInput("'id' must be a string")
+    tensors = []
+    for name, value in body.items():
+        if name not in inputs:
+            parameters[name] = value
+            continue
+        tensors.append(_tensor(name, inputs[name], value, batched))
+    if not tensors:
+        raise InvalidInput(f"the request names none of model '{model}''s inputs ({', '.join(inputs)})")
+    return InferRequest(model, tensors, version, request_id, parameters=parameters)
+
+
+def _tensor(name: str, datatype: str, value, batched: bool) -> InferTensor:
+    if datatype == "BYTES":
+        text = value if isinstance(value, str) else orjson.dumps(value).decode()
+        array = np.array([text.encode()], dtype=np.object_)
+    else:
+        try:
+            array = np.array(value, dtype=numpy_dtype(datatype)).reshape(-1)
+        except (TypeError, ValueError):
+            raise InvalidInput(f"input '{name}' must hold {datatype} values, got {value!r}") from None
+    return InferTensor.from_numpy(name, array.reshape((1, -1) if batched else (-1,)))
+
+
+def generate_answer(response: InferResponse) -> dict:
+    answer = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        answer["id"] = response.id
+    for tensor in response.outputs:
+        values = tensor.data.reshape(-1)
+        if tensor.datatype == "BYTES":
+            values = [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in values]
+        else:
+            values = values.tolist()
+        answer[tensor.name] = values[0] if len(values) == 1 else values
+    return answer | response.parameters
+
+
+def _join(responses: list[InferResponse]) -> InferResponse:
+    """A stream's text deltas as one response: BYTES outputs concatenated, the last one's parameters."""
+    if any(r.parameters.get("index", 0) for r in responses):
+        raise InvalidInput("n: generate returns one text; use /v1/completions for several")
+    last = responses[-1]
+    for tensor in last.outputs:
+        if tensor.datatype == "BYTES":
+            parts = [t.data.reshape(-1)[0] for r in responses for t in r.outputs if t.name == tensor.name]
+            tensor.data = np.array([b"".join(parts)], dtype=np.object_)
+            tensor.shape = [1]
+    return last
+
+
+def create_generate_router(dataplane: DataPlane) -> APIRouter:
+    router = APIRouter()
+    limit = dataplane.settings.http_max_body_bytes
+
+    @router.post("/v2/models/{model}/generate")
+    @router.post("/v2/models/{model}/versions/{version}/generate")
+    async def generate(model: str, request: Request, version: str = ""):
+        infer = generate_request(dataplane, model, version, await read_json_object(request, limit))
+        responses = []
+        async with contextlib.aclosing(dataplane.stream(infer)) as stream:
+            async for response in stream:
+                responses.append(response)
+        if not responses:
+            raise InvalidInput(f"model '{model}' sent no response")
+        return json_response(generate_answer(_join(responses)))
+
+    @router.post("/v2/models/{model}/generate_stream")
+    @router.post("/v2/models/{model}/versions/{version}/generate_stream")
+    async def generate_stream(model: str, request: Request, version: str = ""):
+        infer = generate_request(dataplane, model, version, await read_json_object(request, limit))
+        first, stream = await first_and_rest(dataplane.stream(infer))
+        errors = (lambda exc: {"error": exc.message if isinstance(exc, ModelplexError) else f"internal error: {exc}"})
+        return sse_response(relay(first, stream, lambda r: [sse_event(generate_answer(r))], errors))
+
+    return router

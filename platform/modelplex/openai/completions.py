@@ -1,0 +1,102 @@
+"""`POST /v1/completions` and `POST /v1/chat/completions`: an OpenAI request becomes one streaming
+data-plane request (`text_input` or `messages`, plus `sampling_parameters`), and its responses
+become one OpenAI answer or a stream of chunks."""
+from __future__ import annotations
+
+import contextlib
+import json
+
+import numpy as np
+import orjson
+from fastapi import Request
+
+from ..dataplane import DataPlane
+from ..errors import ModelplexError
+from ..http.body import read_body
+from ..http.sse import first_and_rest, relay, sse_event, sse_response
+from ..tensors import InferRequest, InferTensor
+from .errors import RequestError, describe, with_param
+from .models import require_llm
+from .responses import Completion
+from .schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
+
+DONE = b"data: [DONE]\n\n"
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    body = await read_body(request.receive, request.headers.get("content-length"),
+                           request.headers.get("content-encoding"), limit)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(None, f"malformed JSON in the request body: {exc}") from None
+    if type(data) is not dict:
+        raise RequestError(None, "the request body must be a JSON object")
+    return data
+
+
+def infer_request(dataplane: DataPlane, model: str, inputs: dict[str, str]) -> InferRequest:
+    """BYTES tensors of one element each (with a batch dimension if the model batches)."""
+    shape = (1, 1) if dataplane.model_config(model).max_batch_size > 0 else (1,)
+    tensors = [InferTensor.from_numpy(name, np.array([value.encode()], dtype=np.object_).reshape(shape))
+               for name, value in inputs.items()]
+    return InferRequest(model, tensors)
+
+
+async def complete(dataplane: DataPlane, body: SamplingRequest, inputs: dict[str, str], chat: bool,
+                   logprobs: bool, prefix: str = ""):
+    """Run one (chat) completion: a JSON answer, or an SSE stream when `body.stream`."""
+    require_llm(dataplane, body.model)
+    sampling = body.sampling()
+    request = infer_request(dataplane, body.model, {**inputs, "sampling_parameters": json.dumps(sampling)})
+    completion = Completion(body.model, chat, body.n, prefix)
+    aliases = body.param_aliases
+    try:
+        first, responses = await first_and_rest(dataplane.stream(request))
+    except ModelplexError as exc:
+        raise with_param(exc, aliases) from None
+    if not body.stream:
+        async with contextlib.aclosing(responses):
+            try:
+                if first is not None:
+                    completion.add(first)
+                async for response in responses:
+                    completion.add(response)
+            except ModelplexError as exc:
+                raise with_param(exc, aliases) from None
+        return completion.body(logprobs)
+    return sse_response(_events(completion, first, responses, body.include_usage, logprobs, prefix))
+
+
+async def _events(completion: Completion, first, responses, include_usage: bool, logprobs: bool, prefix: str):
+    if completion.chat:
+        for chunk in completion.role_chunks(include_usage):
+            yield sse_event(chunk)
+    elif prefix:  # echo: the prompt comes first
+        for index in range(len(completion.choices)):
+            yield sse_event(completion.chunk([{"index": index, "text": prefix, "logprobs": None,
+                                               "finish_reason": None}], include_usage))
+
+    def encode(response):
+        return [sse_event(completion.delta_chunk(response, logprobs, include_usage))]
+
+    async for event in relay(first, responses, encode, lambda exc: describe(exc)[1]):
+        yield event
+    if include_usage:
+        yield sse_event(completion.chunk([], True, completion.usage))
+    yield DONE
+
+
+def add_routes(router, dataplane: DataPlane, limit: int) -> None:
+    @router.post("/v1/completions")
+    async def completions(request: Request):
+        body = CompletionRequest.model_validate(await read_json(request, limit))
+        prompt = body.text()
+        return await complete(dataplane, body, {"text_input": prompt}, chat=False, logprobs=body.logprobs is not None,
+                              prefix=prompt if body.echo else "")
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = ChatCompletionRequest.model_validate(await read_json(request, limit))
+        return await complete(dataplane, body, {"messages": json.dumps(body.messages)}, chat=True,
+                              logprobs=body.logprobs)

@@ -1,0 +1,95 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the matching status.
+
+Data-plane errors keep their status, except a full queue (Unavailable with a retry hint), which
+OpenAI clients expect as 429 with Retry-After. Backend messages start with the field they are
+about ("max_tokens: ..."), which becomes `param`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import orjson
+from fastapi.routing import APIRoute
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from ..errors import ModelplexError, NotFound, Unavailable
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 501: "not_implemented_error",
+          503: "service_unavailable_error"}
+_FIELD_PREFIX = re.compile(r"([a-z_]+): ")
+
+
+class RequestError(ModelplexError):
+    """A bad request field, named in `param`."""
+
+    status = 400
+
+    def __init__(self, param: str | None, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def error_object(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
+def with_param(exc: ModelplexError, aliases: dict[str, str]) -> ModelplexError:
+    """A backend's 400 ("field: message") as a RequestError naming the request's field."""
+    match = _FIELD_PREFIX.match(exc.message) if exc.status == 400 else None
+    if match is None or isinstance(exc, RequestError):
+        return exc
+    return RequestError(aliases.get(match[1], match[1]), exc.message)
+
+
+def describe(exc: BaseException) -> tuple[int, dict, dict]:
+    """(status, error object, headers) for any exception a route may raise."""
+    headers = {}
+    if isinstance(exc, RequestError):
+        return 400, error_object(400, exc.message, exc.param), headers
+    if isinstance(exc, ValidationError):
+        return 400, _validation_error(exc), headers
+    if not isinstance(exc, ModelplexError):
+        log.error("OpenAI route failed", exc_info=exc)
+        return 500, error_object(500, f"internal error: {type(exc).__name__}: {exc}"), headers
+    status, param, code = exc.status, None, None
+    if isinstance(exc, Unavailable) and exc.retry_after is not None:
+        status, code = 429, "rate_limit_exceeded"
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+    elif isinstance(exc, NotFound):
+        code = "model_not_found"
+    elif status == 400 and (match := _FIELD_PREFIX.match(exc.message)):
+        param = match[1]
+    return status, error_object(status, exc.message, param, code), headers
+
+
+def _validation_error(exc: ValidationError) -> dict:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    if first["type"] == "extra_forbidden":
+        return error_object(400, f"Unrecognized request argument supplied: {param}", param)
+    return error_object(400, f"{param}: {first['msg']}", param)
+
+
+def error_response(exc: BaseException) -> Response:
+    status, body, headers = describe(exc)
+    return Response(orjson.dumps(body), status, headers, media_type="application/json")
+
+
+class OpenAIRoute(APIRoute):
+    """Routes whose every failure is answered in OpenAI's error shape (not the v2 `{"error": "..."}`)."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def guarded(request):
+            try:
+                return await handler(request)
+            except Exception as exc:  # noqa: BLE001 - every error gets the OpenAI shape
+                return error_response(exc)
+
+        return guarded
