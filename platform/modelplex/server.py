@@ -67,7 +67,8 @@ class Server:
         sock = bind_socket(self.settings.host, self.settings.http_port)
         self.ports["http"] = sock.getsockname()[1]
         config = uvicorn.Config(app, loop="none", http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False,
-                                log_level="warning", timeout_keep_alive=75, backlog=2048)
+                                log_level="warning", timeout_keep_alive=75, backlog=2048,
+                                proxy_headers=False)
         self._http = uvicorn.Server(config)
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
         while not self._http.started:

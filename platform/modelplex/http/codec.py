@@ -174,11 +174,10 @@ def _from_json(name: str, datatype: str, data, count: int) -> np.ndarray:
         return _exact_integers(name, datatype, np.array(data, dtype=np.object_).reshape(-1), dtype, kind)
     if kind not in _JSON_KINDS[datatype]:
         raise InvalidInput(f"input '{name}' has datatype {datatype} but 'data' holds {_KIND_NAMES.get(kind, kind)}")
-    if dtype.kind in "iu":  # converting from the Python ints again is what checks each value's range
-        try:
-            return np.array(data, dtype=dtype).reshape(-1)
-        except OverflowError:
-            raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}") from None
+    if dtype.kind in "iu" and kind in "iu":  # numpy held them exactly: a range check is enough
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}")
     return array.astype(dtype).reshape(-1)
 
 
