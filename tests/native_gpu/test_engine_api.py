@@ -130,3 +130,11 @@ def test_config_rejects_bad_values():
         EngineConfig(model="x", block_size=0)
     with pytest.raises(InvalidConfigError, match="dtype"):
         EngineConfig(model="x", dtype="int3")
+
+
+def test_bfloat16_mode_answers_like_fp32(make_engine, france):
+    bf16 = make_engine(dtype="bfloat16")
+    assert bf16.runner.kv_cache.dtype.itemsize == 2
+    (out,) = run(bf16, france, temperature=0, max_tokens=24)
+    assert out.text == "The capital of France is Paris."
+    assert_no_leak(bf16)
