@@ -27,6 +27,7 @@ class EngineConfig:
     max_model_len: int | None = None
     num_threads: int | None = None
     seed: int = 0
+    skip_tokenizer_init: bool = False  # token ids in and out only (no text prompts, no text deltas)
 
     DEFAULT_CPU_KV_BYTES = 1 << 30
 

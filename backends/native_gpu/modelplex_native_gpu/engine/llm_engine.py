@@ -67,7 +67,9 @@ class LLMEngine:
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len)
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model)
+        if tokenizer is None and not config.skip_tokenizer_init:
+            tokenizer = load_tokenizer(config.model)
+        self.tokenizer = tokenizer
         self.eos_token_id = arch.eos_token_id
         self.vocab_size = arch.vocab_size
         self._completions: dict[str, _Completion] = {}  # engine request id -> completion
