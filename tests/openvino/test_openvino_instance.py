@@ -187,3 +187,43 @@ def test_npu_says_when_the_graph_refuses_the_static_shape():
     config.name = "linear"
     with pytest.raises(InvalidInput, match=r"the model cannot be reshaped to \{'x': \[8, 5\]\}"):
         make_static(linear_model(), config, "device NPU")
+
+
+FIRST_RUNS_AT_ONCE = """
+import sys, threading
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, {tests!r})
+from ov_models import instance_context
+from modelplex_openvino.instance import OpenVINOInstance
+instance = OpenVINOInstance(instance_context(Path({model_dir!r}), {config!r}))
+requests = [instance.compiled_model.create_infer_request() for _ in range(4)]
+start = threading.Barrier(len(requests))
+def first_run(infer_request):
+    start.wait()  # the runs' first steps as close together as threads allow
+    infer_request.infer({{0: np.ones((2, 4), np.float32)}}, share_inputs=True)
+threads = [threading.Thread(target=first_run, args=(r,)) for r in requests]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("done")
+"""
+
+
+def test_the_first_runs_may_come_at_once(tmp_path):
+    """The very first runs of a process on several infer requests at once (as the pool's threads may make
+    them): without `shared_core` making pyopenvino's first `to_dtype()` alone, most fresh processes deadlock."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model_dir = write_ir(tmp_path, "linear", None)
+    config = LINEAR_CONFIG + 'parameters { key: "NUM_STREAMS" value { string_value: "2" } }\n'
+    script = FIRST_RUNS_AT_ONCE.format(tests=str(Path(__file__).parent), model_dir=str(model_dir), config=config)
+    runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) for _ in range(2)]
+    try:
+        outputs = [run.communicate(timeout=60)[0] for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+    assert all(output.strip().endswith("done") for output in outputs), outputs

@@ -6,6 +6,7 @@ a list (`AUTO`, `AUTO:GPU,CPU`, `HETERO:GPU,CPU`, `MULTI:GPU,CPU`, `BATCH:GPU`).
 from __future__ import annotations
 
 import functools
+import threading
 
 from modelplex import InstanceContext, InvalidInput
 
@@ -13,11 +14,23 @@ VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
 REPORTED_PROPERTIES = ("FULL_DEVICE_NAME", "OPTIMIZATION_CAPABILITIES", "DEVICE_ARCHITECTURE", "DEVICE_TYPE")
 
 
-@functools.cache
+_core_lock = threading.Lock()  # models load on several threads at once
+
+
 def shared_core():
     """One `openvino.Core` per process: device plugins load once and compiled models share them."""
+    with _core_lock:
+        return _create_core()
+
+
+@functools.cache
+def _create_core():
     import openvino as ov
 
+    # pyopenvino fills a function-local static on the first `Type.to_dtype()` (which every `infer`
+    # with numpy inputs calls) and gives up the GIL inside it: two threads making that first call at
+    # once deadlock, as two infer requests' first runs did. So it is made once here, before any run.
+    ov.Type.f32.to_dtype()
     return ov.Core()
 
 

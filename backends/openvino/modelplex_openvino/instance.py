@@ -39,48 +39,54 @@ def _last_line(error: Exception) -> str:
     return lines[-1] if lines else repr(error)
 
 
+def compile_model(ictx: InstanceContext):
+    """(device, compiled model, model inputs, model outputs) for one instance: the device chosen and
+    checked, the config checked against the model, the properties from `parameters` applied."""
+    ctx, config = ictx.model, ictx.model.config
+    core = shared_core()
+    configured = configured_device(ictx)
+    device = select_device(configured, core.available_devices, ctx.name)
+    if device != configured:
+        log.warning("model %s: %s falls back to %s (the other devices are absent)", ctx.name, configured, device)
+    properties = compile_properties(ctx)
+    check_precision(properties.get("INFERENCE_PRECISION_HINT", ""), device, core, ctx.name)
+    model = read_model(core, ctx)
+    inputs, outputs = model_signature(model)
+    check_config(config, inputs, outputs)
+    if needs_static_shapes(device):
+        make_static(model, config, f"device {device}")
+    elif is_yes(ctx.parameters, "RESHAPE_IO_LAYERS"):
+        reshape_to_config(model, config)
+    try:
+        return device, core.compile_model(model, device, properties), inputs, outputs
+    except RuntimeError as e:
+        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot compile it for {device}: {_last_line(e)}") from None
+
+
 class OpenVINOInstance(ModelInstance):
     """Invariant: an infer request serves one request at a time and is back in `_idle` only after its
     outputs were copied out (the next run overwrites them)."""
 
     def __init__(self, ictx: InstanceContext):
-        ctx, config = ictx.model, ictx.model.config
-        core = shared_core()
-        self.model_name = ctx.name
-        configured = configured_device(ictx)
-        self.device = select_device(configured, core.available_devices, ctx.name)
-        if self.device != configured:
-            log.warning("model %s: %s falls back to %s (the other devices are absent)", ctx.name, configured, self.device)
-        properties = compile_properties(ctx)
-        check_precision(properties.get("INFERENCE_PRECISION_HINT", ""), self.device, core, ctx.name)
-        model = read_model(core, ctx)
-        inputs, outputs = model_signature(model)
-        check_config(config, inputs, outputs)
-        if needs_static_shapes(self.device):
-            make_static(model, config, f"device {self.device}")
-        elif is_yes(ctx.parameters, "RESHAPE_IO_LAYERS"):
-            reshape_to_config(model, config)
-        try:
-            self.compiled_model = core.compile_model(model, self.device, properties)
-        except RuntimeError as e:
-            raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot compile it for {self.device}: "
-                               f"{_last_line(e)}") from None
-        self.max_batch_size = config.max_batch_size
+        config = ictx.model.config
+        self.model_name, self.max_batch_size = ictx.model.name, config.max_batch_size
+        self.device, self.compiled_model, inputs, outputs = compile_model(ictx)
         self._input_index = {s.name: i for i, s in enumerate(inputs)}
         # A static batch (NPU) takes smaller batches padded up to it.
-        self._static_batch = config.max_batch_size if needs_static_shapes(self.device) and config.max_batch_size else 0
+        self._static_batch = self.max_batch_size if needs_static_shapes(self.device) else 0
         model_outputs = {s.name: (i, s) for i, s in enumerate(outputs)}
         self._outputs = {t.name: _OutputSpec(model_outputs[t.name][0], model_outputs[t.name][1].datatype,
                                              tuple(t.dims) if t.HasField("reshape") else None)
                          for t in config.output}
         self._output_names = list(self._outputs)
-        self.num_requests = min(MAX_CONCURRENCY, int(self.compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        optimal = int(self.compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self.num_requests = min(MAX_CONCURRENCY, optimal)
         self._idle: asyncio.Queue = asyncio.Queue()
         for _ in range(self.num_requests):
             self._idle.put_nowait(self.compiled_model.create_infer_request())
         self._executor = ThreadPoolExecutor(self.num_requests, thread_name_prefix=f"openvino-{ictx.name}")
-        log.info("model %s instance %s: on %s, %d infer requests, %s streams, precision %s%s", ctx.name, ictx.name,
-                 self.device, self.num_requests, self._property("NUM_STREAMS"),
+        log.info("model %s instance %s: on %s, %d infer requests, %s streams, precision %s%s", self.model_name,
+                 ictx.name, self.device, self.num_requests, self._property("NUM_STREAMS"),
                  self._property("INFERENCE_PRECISION_HINT"), ", loaded from the cache" if self.loaded_from_cache else "")
 
     def _property(self, key: str) -> str:
@@ -95,10 +101,6 @@ class OpenVINOInstance(ModelInstance):
     def loaded_from_cache(self) -> bool:
         """The compiled model came from `CACHE_DIR` instead of being compiled again."""
         return self._property("LOADED_FROM_CACHE") == "True"
-
-    @property
-    def num_idle_requests(self) -> int:
-        return self._idle.qsize()
 
     async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
         if len(requests) == 1:
