@@ -27,17 +27,20 @@ def server_options(settings: ServerConfig) -> list[tuple[str, int]]:
     ]
 
 
-def create_grpc_server(dataplane: DataPlane, settings: ServerConfig) -> tuple[grpc.aio.Server, int]:
-    """An unstarted server and the port it bound (the real one when `settings.grpc_port` is 0).
+def create_grpc_server(dataplane: DataPlane, settings: ServerConfig, interceptors=(),
+                       credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.aio.Server, int]:
+    """An unstarted server and the port it bound (the real one when `settings.grpc_port` is 0);
+    `interceptors` run before every method, `credentials` make the port a TLS one.
 
     grpc.aio on the server's own event loop: the sync `grpc.server` costs about as much per call once
     each call must hop to the loop that runs the DataPlane (measured with tritonclient at c=64).
     """
-    server = grpc.aio.server(options=server_options(settings))
+    server = grpc.aio.server(options=server_options(settings), interceptors=list(interceptors))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), server)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    address = f"{host}:{settings.grpc_port}"
+    port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if port == 0:
         raise RuntimeError(f"gRPC could not bind {host}:{settings.grpc_port}")
     return server, port
