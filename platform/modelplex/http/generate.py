@@ -13,12 +13,14 @@ import contextlib
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request
+from starlette.responses import Response
 
 from ..dataplane import DataPlane
 from ..errors import InvalidInput, ModelplexError
 from ..tensors import InferRequest, InferResponse, InferTensor, numpy_dtype
 from .routes import json_response, read_json_object
-from .sse import first_and_rest, relay, sse_event, sse_response
+from .body import ClientGone
+from .sse import CLIENT_CLOSED, first_and_rest, relay, sse_event, sse_response, until_disconnected
 
 
 def generate_request(dataplane: DataPlane, model: str, version: str, body: dict) -> InferRequest:
@@ -80,6 +82,11 @@ def _join(responses: list[InferResponse]) -> InferResponse:
     return last
 
 
+async def _collect(stream) -> list[InferResponse]:
+    async with contextlib.aclosing(stream):
+        return [response async for response in stream]
+
+
 def create_generate_router(dataplane: DataPlane) -> APIRouter:
     router = APIRouter()
     limit = dataplane.settings.http_max_body_bytes
@@ -88,10 +95,10 @@ def create_generate_router(dataplane: DataPlane) -> APIRouter:
     @router.post("/v2/models/{model}/versions/{version}/generate")
     async def generate(model: str, request: Request, version: str = ""):
         infer = generate_request(dataplane, model, version, await read_json_object(request, limit))
-        responses = []
-        async with contextlib.aclosing(dataplane.stream(infer)) as stream:
-            async for response in stream:
-                responses.append(response)
+        try:
+            responses = await until_disconnected(request.receive, _collect(dataplane.stream(infer)))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
         if not responses:
             raise InvalidInput(f"model '{model}' sent no response")
         return json_response(generate_answer(_join(responses)))
@@ -100,7 +107,10 @@ def create_generate_router(dataplane: DataPlane) -> APIRouter:
     @router.post("/v2/models/{model}/versions/{version}/generate_stream")
     async def generate_stream(model: str, request: Request, version: str = ""):
         infer = generate_request(dataplane, model, version, await read_json_object(request, limit))
-        first, stream = await first_and_rest(dataplane.stream(infer))
+        try:
+            first, stream = await until_disconnected(request.receive, first_and_rest(dataplane.stream(infer)))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
         errors = (lambda exc: {"error": exc.message if isinstance(exc, ModelplexError) else f"internal error: {exc}"})
         return sse_response(relay(first, stream, lambda r: [sse_event(generate_answer(r))], errors))
 

@@ -1,19 +1,50 @@
-"""Server-sent events over a data-plane response stream: the first response decides the status.
+"""Server-sent events over a data-plane response stream, and cancelling work whose client left.
 
 Waiting for the first response before answering lets an error that happens at admission (bad
 input, queue full) keep its HTTP status; later errors can only travel as an event. Starlette
 cancels the body iterator when the client disconnects, and the cancellation unwinds every
 generator below it (for an LLM, the engine's stream aborts the request and frees its KV blocks).
+Before the body starts (queued, or a whole answer being assembled) `until_disconnected` does it.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import orjson
 from starlette.responses import StreamingResponse
 
+from .body import ClientGone
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+T = TypeVar("T")
+CLIENT_CLOSED = 499  # nginx's status for "client closed the request": logged, never read
+
+
+async def until_disconnected(receive, work: Awaitable[T]) -> T:
+    """`work`'s result, or ClientGone once the client disconnects (after cancelling `work`).
+
+    Call only after the request body has been read: then `receive` answers only a disconnect.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        watcher.cancel()
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def sse_event(data) -> bytes:

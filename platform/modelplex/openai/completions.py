@@ -13,7 +13,8 @@ from fastapi import Request
 from ..dataplane import DataPlane
 from ..errors import ModelplexError
 from ..http.body import read_body
-from ..http.sse import first_and_rest, relay, sse_event, sse_response
+from ..http.routes import json_response
+from ..http.sse import first_and_rest, relay, sse_event, sse_response, until_disconnected
 from ..tensors import InferRequest, InferTensor
 from .errors import RequestError, describe, with_param
 from .models import require_llm
@@ -43,29 +44,28 @@ def infer_request(dataplane: DataPlane, model: str, inputs: dict[str, str]) -> I
     return InferRequest(model, tensors)
 
 
-async def complete(dataplane: DataPlane, body: SamplingRequest, inputs: dict[str, str], chat: bool,
+async def complete(dataplane: DataPlane, receive, body: SamplingRequest, inputs: dict[str, str], chat: bool,
                    logprobs: bool, prefix: str = ""):
-    """Run one (chat) completion: a JSON answer, or an SSE stream when `body.stream`."""
+    """Run one (chat) completion: a JSON answer, or an SSE stream when `body.stream`. Until the answer
+    (or the stream's first chunk) is ready, a client that disconnects cancels it."""
     require_llm(dataplane, body.model)
     sampling = body.sampling()
     request = infer_request(dataplane, body.model, {**inputs, "sampling_parameters": json.dumps(sampling)})
     completion = Completion(body.model, chat, body.n, prefix)
-    aliases = body.param_aliases
     try:
-        first, responses = await first_and_rest(dataplane.stream(request))
+        if not body.stream:
+            await until_disconnected(receive, _collect(completion, dataplane.stream(request)))
+            return json_response(completion.body(logprobs))
+        first, responses = await until_disconnected(receive, first_and_rest(dataplane.stream(request)))
     except ModelplexError as exc:
-        raise with_param(exc, aliases) from None
-    if not body.stream:
-        async with contextlib.aclosing(responses):
-            try:
-                if first is not None:
-                    completion.add(first)
-                async for response in responses:
-                    completion.add(response)
-            except ModelplexError as exc:
-                raise with_param(exc, aliases) from None
-        return completion.body(logprobs)
+        raise with_param(exc, body.param_aliases) from None
     return sse_response(_events(completion, first, responses, body.include_usage, logprobs, prefix))
+
+
+async def _collect(completion: Completion, responses) -> None:
+    async with contextlib.aclosing(responses):
+        async for response in responses:
+            completion.add(response)
 
 
 async def _events(completion: Completion, first, responses, include_usage: bool, logprobs: bool, prefix: str):
@@ -92,11 +92,11 @@ def add_routes(router, dataplane: DataPlane, limit: int) -> None:
     async def completions(request: Request):
         body = CompletionRequest.model_validate(await read_json(request, limit))
         prompt = body.text()
-        return await complete(dataplane, body, {"text_input": prompt}, chat=False, logprobs=body.logprobs is not None,
+        return await complete(dataplane, request.receive, body, {"text_input": prompt}, chat=False, logprobs=body.logprobs is not None,
                               prefix=prompt if body.echo else "")
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = ChatCompletionRequest.model_validate(await read_json(request, limit))
-        return await complete(dataplane, body, {"messages": json.dumps(body.messages)}, chat=True,
+        return await complete(dataplane, request.receive, body, {"messages": json.dumps(body.messages)}, chat=True,
                               logprobs=body.logprobs)

@@ -16,6 +16,8 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from ..errors import ModelplexError, NotFound, Unavailable
+from ..http.body import ClientGone
+from ..http.sse import CLIENT_CLOSED
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,8 @@ class OpenAIRoute(APIRoute):
         async def guarded(request):
             try:
                 return await handler(request)
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED)
             except Exception as exc:  # noqa: BLE001 - every error gets the OpenAI shape
                 return error_response(exc)
 
