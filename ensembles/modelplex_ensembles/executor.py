@@ -11,6 +11,7 @@ from typing import AsyncIterator
 
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, ModelInstance,
                        ModelplexError, RequestedOutput, Unavailable)
+from modelplex.tracing import active_trace
 
 from .dag import Ensemble, EnsembleStep, build
 
@@ -87,7 +88,12 @@ class EnsembleInstance(ModelInstance):
                     tensors: dict[str, InferTensor]) -> dict[str, InferTensor]:
         start = _now()
         try:
-            response = await self.dataplane.infer(self._step_request(step, request, tensors))
+            tracing = active_trace.get()
+            if tracing is None:
+                response = await self.dataplane.infer(self._step_request(step, request, tensors))
+            else:
+                with tracing.span(f"step {step.number} {step.model_name}", {"ensemble": self.ensemble.name}):
+                    response = await self.dataplane.infer(self._step_request(step, request, tensors))
         except Exception as e:  # noqa: BLE001 - named after the step, whatever it was
             raise self._step_error(step, e) from e
         if self.stats is not None:

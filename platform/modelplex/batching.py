@@ -59,6 +59,7 @@ class PendingRequest:
     timer: asyncio.TimerHandle | None = None
     queue_ns: int = 0
     infer_ns: int = 0
+    batch_total: int = 0  # inferences in the batch it ran in (for its trace)
 
 
 @dataclass(slots=True)
@@ -284,9 +285,10 @@ class DynamicBatcher:
             return
         infer_ns = _now() - start
         self._exec_ns_estimate = infer_ns
-        self._stats.record_execution(sum(p.batch_size for p in batch), 0, infer_ns, 0)
+        total = sum(p.batch_size for p in batch)
+        self._stats.record_execution(total, 0, infer_ns, 0)
         for pending, response in zip(batch, responses):
-            pending.infer_ns = infer_ns
+            pending.infer_ns, pending.batch_total = infer_ns, total
             if not pending.future.done():
                 pending.future.set_result(response)
 

@@ -5,9 +5,11 @@ from typing import AsyncIterator
 
 from . import __version__
 from .errors import InvalidInput, NotFound, Unavailable, Unsupported
+from .logging_setup import bind_request_id
 from .manager import ModelManager
 from .settings import ServerConfig
 from .tensors import InferRequest, InferResponse
+from .tracing import Tracing
 
 # Only what is implemented: clients probe these before using an extension.
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy",
@@ -17,6 +19,7 @@ EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedu
 class DataPlane:
     def __init__(self, settings: ServerConfig, manager: ModelManager):
         self.settings, self.manager = settings, manager
+        self.tracing = Tracing(settings.trace)  # the front doors start a request's trace through it
         self.accepting = True  # False once shutdown starts: not ready, no new requests
 
     # ---- health and metadata ------------------------------------------------------------
@@ -59,6 +62,7 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         if not self.accepting:
             raise Unavailable("server is shutting down")
+        bind_request_id(request.id)
         mv = self.manager.get(request.model_name, request.model_version)
         if mv.decoupled:
             raise InvalidInput(f"model '{mv.name}' is decoupled: use a streaming API (ModelStreamInfer, generate_stream)")
@@ -71,6 +75,7 @@ class DataPlane:
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         if not self.accepting:
             raise Unavailable("server is shutting down")
+        bind_request_id(request.id)
         mv = self.manager.get(request.model_name, request.model_version)
         wanted = {o.name for o in request.outputs}
         if not mv.decoupled:

@@ -11,6 +11,7 @@ from .backend import BackendSpec, InstanceContext, ModelContext, ModelInstance
 from .batching import DynamicBatcher
 from .errors import InternalError, ModelplexError, Unavailable
 from .stats import ModelStats
+from .tracing import active_trace
 from .tensors import InferRequest, InferResponse
 from .validation import RequestValidator
 
@@ -112,9 +113,13 @@ class ModelVersion:
             self.stats.record_request(False, _now() - start, 0, 0, 0, 0, "OTHER")
             raise
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, span=None) -> InferResponse:
+        # A sampled request comes back here once, inside its model span; others pay one read.
+        if span is None and (tracing := active_trace.get()) is not None:
+            with tracing.span(f"infer {self.name}", {"model": self.name, "version": self.version}) as span:
+                return await self.infer(request, span)
         if self.batcher is not None:
-            return await self._infer_batched(request)
+            return await self._infer_batched(request, span)
         start = _now()
         batch = self._check(request, start)
         self._admit()
@@ -134,6 +139,8 @@ class ModelVersion:
             self.stats.record_execution(batch, 0, infer_ns, 0)
             response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
             self.stats.record_request(True, _now() - start, queue_ns, 0, infer_ns, 0)
+            if span is not None:
+                active_trace.get().phases(span, start, t_exec, t_exec + infer_ns, batch)
             return response
         except ModelplexError:
             self.stats.record_request(False, _now() - start, queue_ns, 0, infer_ns, 0, "BACKEND")
@@ -145,7 +152,7 @@ class ModelVersion:
         finally:
             self._release()
 
-    async def _infer_batched(self, request: InferRequest) -> InferResponse:
+    async def _infer_batched(self, request: InferRequest, span=None) -> InferResponse:
         """The dynamic batcher's path: queued, run with other requests, split back by the backend."""
         start = _now()
         batch = self._check(request, start)
@@ -155,6 +162,9 @@ class ModelVersion:
             response = pending.future.result()
             response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
             self.stats.record_request(True, _now() - start, pending.queue_ns, 0, pending.infer_ns, 0)
+            if span is not None:
+                t_exec = start + pending.queue_ns
+                active_trace.get().phases(span, start, t_exec, t_exec + pending.infer_ns, pending.batch_total)
             return response
         except ModelplexError as e:
             # Queue full or timed out: Triton counts these as REJECTED.

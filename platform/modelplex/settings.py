@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .tracing import TraceConfig
+
 
 @dataclass
 class ServerConfig:
@@ -25,3 +27,5 @@ class ServerConfig:
     unload_timeout_secs: float = 30.0
     load_file_max_bytes: int = 512 * 1024 * 1024
     server_id: str = "modelplex"
+    trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config
+    log_format: str = "text"  # --log-format text | json

@@ -216,10 +216,6 @@ def test_unoffered_rpcs_are_unimplemented(client):
         client.get_system_shared_memory_status()
     with raises_code("UNIMPLEMENTED", "does not support CUDA shared memory"):
         client.unregister_cuda_shared_memory()
-    with raises_code("UNIMPLEMENTED", "does not support trace settings"):
-        client.get_trace_settings()
-    with raises_code("UNIMPLEMENTED", "does not support log settings"):
-        client.get_log_settings()
 
 
 # ---- statistics and repository ----------------------------------------------------------

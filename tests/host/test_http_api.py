@@ -172,8 +172,3 @@ def test_extensions_without_an_implementation_answer_501(client):
     assert e.value.status() == "501" and "send tensors in the request body" in e.value.message()
     with pytest.raises(InferenceServerException, match="cudasharedmemory/region/r/register is not supported"):
         client.register_cuda_shared_memory("r", b"handle", 0, 8)
-    with pytest.raises(InferenceServerException, match="/v2/logging is not supported") as e:
-        client.get_log_settings()
-    assert e.value.status() == "501"
-    with pytest.raises(InferenceServerException, match="/v2/models/simple/trace/setting is not supported"):
-        client.get_trace_settings("simple")

@@ -122,8 +122,6 @@ ERRORS = {
 UNOFFERED = {
     "system shared memory": lambda c: c.get_system_shared_memory_status(),
     "CUDA shared memory": lambda c: c.unregister_cuda_shared_memory(),
-    "trace settings": lambda c: c.get_trace_settings(),
-    "log settings": lambda c: c.get_log_settings(),
 }
 
 

@@ -7,6 +7,7 @@ the model and the host is told, so the model reports UNAVAILABLE with the reason
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import subprocess
@@ -50,6 +51,7 @@ class PythonInstance(ModelInstance):
         self._calls: dict[int, asyncio.Future | asyncio.Queue] = {}
         self._datatype_warnings: set[tuple[str, str]] = set()
         self._bls_tasks: set[asyncio.Task] = set()  # held here: the loop keeps only weak references
+        self._execute_context: contextvars.Context | None = None
         self._call_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None  # known once the first call arrives
         self._dead_reason: str | None = None
@@ -132,6 +134,9 @@ class PythonInstance(ModelInstance):
         return call_id, waiter
 
     def _send_execute(self, call_id: int, requests: list[InferRequest]) -> None:
+        # BLS calls the model makes while it executes run in this request's context (its trace and
+        # request id); with several requests in flight on one instance, the latest one's.
+        self._execute_context = contextvars.copy_context()
         buffers: list = []
         descs = [{"id": r.id, "inputs": [encode_tensor(t.name, t.data, buffers) for t in r.inputs],
                   "outputs": [o.name for o in r.outputs], "parameters": r.parameters} for r in requests]
@@ -174,7 +179,8 @@ class PythonInstance(ModelInstance):
         op = header["op"]
         if op in ("bls", "control"):
             serve = serve_bls if op == "bls" else serve_control
-            task = asyncio.ensure_future(serve(self.dataplane, self.worker, header, buffers))
+            task = self._loop.create_task(serve(self.dataplane, self.worker, header, buffers),
+                                          context=self._execute_context)
             self._bls_tasks.add(task)
             task.add_done_callback(self._bls_tasks.discard)
             return

@@ -8,7 +8,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from ..dataplane import DataPlane
-from ..errors import InvalidInput
+from ..errors import InvalidInput, NotFound
+from ..logging_setup import LOG_SETTINGS
+from ..tracing import headers_carrier
 from .codec import decode_request, encode_response
 from .status import error_message, guarded, unimplemented
 
@@ -51,12 +53,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # ---- inference ----------------------------------------------------------------------
     @guarded
     async def ModelInfer(self, request, context):
+        if self.dataplane.tracing.enabled:
+            return await self._traced_infer(request, context)
         return encode_response(await self.dataplane.infer(decode_request(request)))
+
+    async def _traced_infer(self, request, context):
+        carrier = headers_carrier(context.invocation_metadata() or ())
+        attributes = {"rpc.system": "grpc", "rpc.method": "ModelInfer", "model": request.model_name}
+        with self.dataplane.tracing.request_span("ModelInfer", request.model_name, carrier, attributes):
+            return encode_response(await self.dataplane.infer(decode_request(request)))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests are served concurrently; responses go out as they come, errors as `error_message`."""
         outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(request_iterator, outbox))
+        carrier = headers_carrier(context.invocation_metadata() or ())
+        reader = asyncio.create_task(self._read_stream(request_iterator, outbox, carrier))
         try:
             while (item := await outbox.get()) is not None:
                 yield item
@@ -64,11 +75,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             reader.cancel()
 
-    async def _read_stream(self, request_iterator, outbox: asyncio.Queue) -> None:
+    async def _read_stream(self, request_iterator, outbox: asyncio.Queue, carrier: dict) -> None:
         tasks: set[asyncio.Task] = set()
         try:
             async for msg in request_iterator:
-                task = asyncio.create_task(self._stream_one(msg, outbox))
+                one = self._stream_one(msg, outbox)
+                if self.dataplane.tracing.enabled:
+                    one = self._traced_stream_one(msg, one, carrier)
+                task = asyncio.create_task(one)
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             await asyncio.gather(*tasks)
@@ -76,6 +90,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in tasks:
                 task.cancel()
             outbox.put_nowait(None)
+
+    async def _traced_stream_one(self, msg: pb.ModelInferRequest, one, carrier: dict) -> None:
+        """One stream request inside its own server span (every request of a stream shares its parent)."""
+        attributes = {"rpc.system": "grpc", "rpc.method": "ModelStreamInfer", "model": msg.model_name}
+        with self.dataplane.tracing.request_span("ModelStreamInfer", msg.model_name, carrier, attributes):
+            await one
 
     async def _stream_one(self, msg: pb.ModelInferRequest, outbox: asyncio.Queue) -> None:
         """Triton's flags: a non-decoupled model's one response is final; a decoupled model's responses
@@ -122,8 +142,34 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryStatus = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
     CudaSharedMemoryRegister = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
     CudaSharedMemoryUnregister = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
-    TraceSetting = unimplemented("trace settings")
-    LogSettings = unimplemented("log settings")
+
+    # ---- run-time settings --------------------------------------------------------------
+    @guarded
+    async def TraceSetting(self, request, context):
+        """Triton's message: every value a list of strings; an empty list clears a model's override."""
+        tracing = self.dataplane.tracing
+        model = request.model_name
+        if model and not any(row["name"] == model for row in self.dataplane.repository_index()):
+            raise NotFound(f"model '{model}' is not in the model repository")
+        changes = {key: (list(v.value) if key == "trace_level" else v.value[0]) if v.value else None
+                   for key, v in request.settings.items()}
+        settings = tracing.update(changes, model) if changes else tracing.settings(model)
+        response = pb.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    @guarded
+    async def LogSettings(self, request, context):
+        changes = {key: getattr(v, v.WhichOneof("parameter_choice")) for key, v in request.settings.items()
+                   if v.WhichOneof("parameter_choice")}
+        settings = LOG_SETTINGS.update(changes) if changes else LOG_SETTINGS.settings()
+        response = pb.LogSettingsResponse()
+        for key, value in settings.items():
+            field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
+            setattr(response.settings[key], field, value)
+        return response
+
 
 def stream_response(response: pb.ModelInferResponse, is_final: bool) -> pb.ModelStreamInferResponse:
     response.parameters[FINAL_RESPONSE].bool_param = is_final

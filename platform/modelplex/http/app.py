@@ -9,6 +9,7 @@ from ..openai import create_openai_router
 from .errors import install_error_handlers
 from .generate import create_generate_router
 from .infer import INFER_PATH, InferEndpoint
+from .observability import create_observability_router
 from .routes import create_router
 
 
@@ -16,15 +17,18 @@ class FrontDoor:
     """The ASGI app uvicorn serves: infer paths go straight to `InferEndpoint`, everything else to
     the FastAPI app."""
 
-    def __init__(self, app: FastAPI, infer: InferEndpoint):
-        self.app, self.infer = app, infer
+    def __init__(self, app: FastAPI, infer: InferEndpoint, tracing):
+        self.app, self.infer, self.tracing = app, infer, tracing
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             match = INFER_PATH.fullmatch(scope["path"])
             if match is not None:
                 if scope["method"] == "POST":
-                    await self.infer(scope, receive, send, match[1], match[2])
+                    if self.tracing.enabled:
+                        await self.infer.traced(scope, receive, send, match[1], match[2])
+                    else:
+                        await self.infer(scope, receive, send, match[1], match[2])
                 else:
                     await self.infer.refuse_method(scope, send)
                 return
@@ -35,10 +39,11 @@ def create_http_app(dataplane: DataPlane, settings: ServerConfig, pm=None) -> Fr
     app = FastAPI(title="modelplex", openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.include_router(create_router(dataplane, settings))
+    app.include_router(create_observability_router(dataplane))
     app.include_router(create_generate_router(dataplane))
     app.include_router(create_openai_router(dataplane))
     if pm is not None:
         for routers in pm.hook.modelplex_http_routers(dataplane=dataplane):
             for router in routers or ():
                 app.include_router(router)
-    return FrontDoor(app, InferEndpoint(dataplane, settings))
+    return FrontDoor(app, InferEndpoint(dataplane, settings), dataplane.tracing)

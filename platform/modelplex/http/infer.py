@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import re
 
+from opentelemetry.trace import StatusCode
+
 from ..dataplane import DataPlane
 from ..errors import ModelplexError
 from ..settings import ServerConfig
+from ..tracing import headers_carrier
 from .body import ClientGone, compress, parse_length, read_body, response_encoding
 from .codec import decode_request, encode_error, encode_response
 from .errors import retry_after
@@ -47,6 +50,23 @@ class InferEndpoint:
             log.exception("infer on model %s failed", model)
             status, response_headers, payload = 500, list(_JSON_HEADERS), encode_error(f"internal error: {e}")
         await respond(send, status, response_headers, payload)
+
+    async def traced(self, scope, receive, send, model: str, version: str | None) -> None:
+        """`__call__` inside the request's server span when the tracer samples it."""
+        carrier = headers_carrier(scope["headers"])
+        attributes = {"http.request.method": "POST", "url.path": scope["path"], "model": model}
+        with self.dataplane.tracing.request_span(f"POST {scope['path']}", model, carrier, attributes) as span:
+            if span is None:
+                return await self(scope, receive, send, model, version)
+
+            async def send_recording_status(message) -> None:
+                if message["type"] == "http.response.start":
+                    span.set_attribute("http.response.status_code", message["status"])
+                    if message["status"] >= 500:
+                        span.set_status(StatusCode.ERROR)
+                await send(message)
+
+            await self(scope, receive, send_recording_status, model, version)
 
     async def refuse_method(self, scope, send) -> None:
         payload = encode_error(f"Method Not Allowed: {scope['method']} {scope['path']}")

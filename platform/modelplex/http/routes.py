@@ -141,9 +141,6 @@ def create_router(dataplane: DataPlane, settings: ServerConfig) -> APIRouter:
     # Triton extensions with no implementation here answer 501 with a reason instead of a bare 404.
     @router.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"])
     @router.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"])
-    @router.api_route("/v2/models/{model}/trace/setting", methods=["GET", "POST"])
-    @router.api_route("/v2/trace/setting", methods=["GET", "POST"])
-    @router.api_route("/v2/logging", methods=["GET", "POST"])
     async def not_implemented(request: Request):
         raise Unsupported(f"{request.url.path} is not supported by this server's HTTP API"
                           + ("; send tensors in the request body" if "sharedmemory" in request.url.path else ""))

@@ -1,0 +1,129 @@
+"""Tracing end to end: a client's `traceparent` through a real server (HTTP and gRPC) gives one trace
+with the front door's span, the ensemble, each step, each step model, and their queue/compute spans."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import httpx
+import numpy as np
+from inprocess import traced_server
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from modelplex.tracing import TraceConfig
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01"
+A = np.arange(16, dtype=np.int32)
+B = np.ones(16, dtype=np.int32)
+ON = TraceConfig(level="TIMESTAMPS", rate=1)
+
+
+def infer_body() -> dict:
+    return {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": A.tolist()},
+                       {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": B.tolist()}]}
+
+
+def check_ensemble_trace(spans, server_span_name: str) -> None:
+    assert {format(s.context.trace_id, "032x") for s in spans} == {TRACE_ID}
+    by_id = {s.context.span_id: s for s in spans}
+    children = {}
+    for s in spans:
+        children.setdefault(s.parent.span_id if s.parent else None, []).append(s)
+    (root,) = [s for s in spans if s.parent is None or s.parent.span_id not in by_id]
+    assert root.name == server_span_name
+    assert format(root.parent.span_id, "016x") == CLIENT_SPAN_ID and root.parent.is_remote
+    (ensemble,) = children[root.context.span_id]
+    assert ensemble.name == "infer ensemble_add_sub"
+    steps = sorted(s.name for s in children[ensemble.context.span_id])
+    assert steps == ["compute", "queue", "step 1 simple", "step 2 simple", "step 3 simple", "step 4 simple"]
+    for step in children[ensemble.context.span_id]:
+        if step.name.startswith("step"):
+            (model,) = children[step.context.span_id]
+            assert model.name == "infer simple" and model.attributes["model"] == "simple"
+            assert sorted(s.name for s in children[model.context.span_id]) == ["compute", "queue"]
+            for phase in children[model.context.span_id]:
+                assert model.start_time <= phase.start_time <= phase.end_time <= model.end_time, phase.name
+    # Steps 3 and 4 both wait for step 2 only: their spans start after step 2's ends.
+    step = {s.name: s for s in children[ensemble.context.span_id]}
+    assert step["step 2 simple"].end_time <= step["step 3 simple"].start_time
+    assert len(spans) == 20
+
+
+def test_http_traceparent_gives_one_trace_through_the_ensemble(ensemble_repo):
+    async def main():
+        async with traced_server(ensemble_repo, ON) as (server, exporter):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.ports['http']}") as client:
+                r = await client.post("/v2/models/ensemble_add_sub/infer", json=infer_body(),
+                                      headers={"traceparent": TRACEPARENT})
+                assert r.status_code == 200, r.text
+            server.dataplane.tracing.flush()
+            return exporter.get_finished_spans()
+
+    spans = asyncio.run(main())
+    check_ensemble_trace(spans, "POST /v2/models/ensemble_add_sub/infer")
+    root = [s for s in spans if s.name.startswith("POST")][0]
+    assert root.attributes["http.response.status_code"] == 200
+
+
+def test_grpc_traceparent_metadata_gives_one_trace_through_the_ensemble(ensemble_repo):
+    request = pb.ModelInferRequest(model_name="ensemble_add_sub")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+    request.raw_input_contents.extend([A.tobytes(), B.tobytes()])
+
+    async def main():
+        async with traced_server(ensemble_repo, ON) as (server, exporter):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.ports['grpc']}") as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                response = await stub.ModelInfer(request, metadata=(("traceparent", TRACEPARENT),), timeout=10)
+            server.dataplane.tracing.flush()
+            return response, exporter.get_finished_spans()
+
+    response, spans = asyncio.run(main())
+    assert np.frombuffer(response.raw_output_contents[0], np.int32).tolist() == (A + B).tolist()
+    check_ensemble_trace(spans, "ModelInfer")
+
+
+def test_rate_count_and_runtime_settings_decide_what_is_traced(ensemble_repo):
+    """rate=2 traces every second request, count=2 stops after two traces; a model's override
+    applies to that model only; `null` clears it; unknown or malformed settings are 400."""
+    simple = {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": A.tolist()}
+                         for n in ("INPUT0", "INPUT1")]}
+
+    async def main():
+        async with traced_server(ensemble_repo, TraceConfig()) as (server, exporter):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.ports['http']}") as client:
+                async def roots(n):
+                    exporter.clear()
+                    for _ in range(n):
+                        assert (await client.post("/v2/models/simple/infer", json=simple)).status_code == 200
+                    server.dataplane.tracing.flush()
+                    return sum(s.name.startswith("POST") for s in exporter.get_finished_spans())
+
+                assert (await client.get("/v2/trace/setting")).json()["trace_level"] == ["OFF"]
+                assert await roots(3) == 0
+                r = await client.post("/v2/trace/setting",
+                                      json={"trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_count": "2"})
+                assert r.json() | {} == {"trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_count": "2",
+                                         "log_frequency": "0", "trace_file": "", "trace_mode": "opentelemetry"}
+                assert await roots(7) == 2
+                assert (await client.get("/v2/trace/setting")).json()["trace_count"] == "0"
+                r = await client.post("/v2/models/simple/trace/setting", json={"trace_count": "-1", "trace_rate": 1})
+                assert r.json()["trace_rate"] == "1" and r.json()["trace_count"] == "-1"
+                assert await roots(3) == 3
+                r = await client.post("/v2/models/simple/trace/setting", json={"trace_count": None, "trace_rate": None})
+                assert r.json()["trace_count"] == "0"  # the global setting again
+                assert await roots(2) == 0
+                bad = [("/v2/trace/setting", {"trace_colour": "red"}, "unknown trace setting 'trace_colour'"),
+                       ("/v2/trace/setting", {"trace_rate": "0"}, "trace_rate must be an integer >= 1"),
+                       ("/v2/trace/setting", {"trace_level": ["LOUD"]}, "trace_level must be a list of"),
+                       ("/v2/trace/setting", {"trace_file": "/tmp/x"}, "'trace_file' cannot be changed"),
+                       ("/v2/models/nope/trace/setting", {"trace_rate": "1"}, "model 'nope' is not in")]
+                for path, body, message in bad:
+                    r = await client.post(path, json=body)
+                    assert r.status_code == (404 if "nope" in path else 400) and message in r.json()["error"], r.text
+
+    asyncio.run(main())
