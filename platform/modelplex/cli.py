@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import sys
 from pathlib import Path
 
 from . import __version__
+from .admin_cli import add_admin_commands, run_admin_command
+from .errors import InvalidInput
+from .logging_setup import LOG_SETTINGS
 from .settings import ServerConfig
+from .tracing import TraceConfig
 
 
 def _bool(text: str) -> bool:
@@ -43,13 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--unload-timeout-secs", type=float, default=30.0)
     s.add_argument("--port-file", type=Path, help="write the bound ports as JSON here once serving")
     s.add_argument("--log-verbose", type=int, default=0)
+    s.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="log lines as text or as JSON objects (each with the request id)")
+    s.add_argument("--trace-config", action="append", default=[], metavar="[opentelemetry,]<setting>=<value>",
+                   help="Triton's tracing flags: level=OFF|TIMESTAMPS, rate=N, count=N, mode=opentelemetry, "
+                        "opentelemetry,url=<OTLP/HTTP endpoint>, opentelemetry,resource=<key>=<value>, "
+                        "opentelemetry,bsp_max_queue_size=N (repeatable)")
+    add_admin_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        sys.exit(run_admin_command(args))
+    LOG_SETTINGS.install(args.log_format, args.log_verbose)
+    try:
+        trace = TraceConfig.parse(args.trace_config)
+    except InvalidInput as e:
+        parser.error(e.message)
     settings = ServerConfig(
         model_repositories=args.model_repository, model_control_mode=args.model_control_mode,
         load_models=args.load_model, repository_poll_secs=args.repository_poll_secs,
@@ -57,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,
-        grpc_max_message_bytes=args.grpc_max_message_bytes)
+        grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format)
     from .server import serve
 
     try:

@@ -8,6 +8,24 @@ from .tracing import TraceConfig
 
 
 @dataclass
+class SecurityConfig:
+    """TLS and access control (`modelplex_admin` enforces it). Empty values mean "off"."""
+
+    admin_tokens: list[str] = field(default_factory=list)  # bearer tokens for model-control endpoints
+    api_keys: list[str] = field(default_factory=list)  # bearer keys for the inference group
+    # Triton's --http-restricted-api / --grpc-restricted-protocol: API group -> (header, value).
+    http_restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    grpc_restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    http_server_cert: Path | None = None
+    http_server_key: Path | None = None
+    http_root_cert: Path | None = None  # set: clients must present a certificate it signed
+    grpc_server_cert: Path | None = None
+    grpc_server_key: Path | None = None
+    grpc_root_cert: Path | None = None
+    grpc_use_ssl_mutual: bool = False
+
+
+@dataclass
 class ServerConfig:
     model_repositories: list[Path] = field(default_factory=list)
     model_control_mode: str = "none"  # none | explicit | poll
@@ -25,7 +43,9 @@ class ServerConfig:
     http_max_body_bytes: int = 64 * 1024 * 1024
     grpc_max_message_bytes: int = 64 * 1024 * 1024
     unload_timeout_secs: float = 30.0
+    exit_timeout_secs: float = 30.0  # how long a stop waits for in-flight requests and streams
     load_file_max_bytes: int = 512 * 1024 * 1024
     server_id: str = "modelplex"
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config
     log_format: str = "text"  # --log-format text | json
+    security: SecurityConfig = field(default_factory=SecurityConfig)
