@@ -15,6 +15,7 @@ from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext
                        ModelInstance)
 from modelplex_onnx.config_check import check_config
 
+from .batch import merge_requests, split_response
 from .devices import configured_device, select_device, shared_core
 from .properties import check_precision, compile_properties, is_yes
 from .signature import model_signature, read_model
@@ -22,8 +23,8 @@ from .static_shapes import make_static, needs_static_shapes, reshape_to_config
 
 log = logging.getLogger(__name__)
 
-# What the BackendSpec declares: the host lets this many requests into one instance at once; more
-# than the compiled model's infer requests wait here for a free one (an asyncio wait, no thread).
+# The most infer requests one instance pools, and what the BackendSpec declares; each instance then
+# tells the host its own number (`max_concurrency`): the compiled model's optimal number of requests.
 MAX_CONCURRENCY = 32
 
 
@@ -81,6 +82,7 @@ class OpenVINOInstance(ModelInstance):
         self._output_names = list(self._outputs)
         optimal = int(self.compiled_model.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         self.num_requests = min(MAX_CONCURRENCY, optimal)
+        self.max_concurrency = self.num_requests  # the host queues the rest, where its statistics see them
         self._idle: asyncio.Queue = asyncio.Queue()
         for _ in range(self.num_requests):
             self._idle.put_nowait(self.compiled_model.create_infer_request())
@@ -105,6 +107,9 @@ class OpenVINOInstance(ModelInstance):
     async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
         if len(requests) == 1:
             return [await self._infer(requests[0])]
+        merged = merge_requests(requests, self.max_batch_size, self._output_names) if self.max_batch_size else None
+        if merged is not None:
+            return split_response(await self._infer(merged), requests)
         return list(await asyncio.gather(*(self._infer(r) for r in requests)))
 
     async def _infer(self, request: InferRequest) -> InferResponse:
