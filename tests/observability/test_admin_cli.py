@@ -1,0 +1,74 @@
+"""`modelplex models|adapters|health` against a real server: tables, --json, and exit codes for scripts."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+from serverproc import ServerProcess
+
+from modelplex.cli import main
+
+
+@pytest.fixture(scope="module")
+def url(example_repo):
+    with ServerProcess([example_repo], "--model-control-mode", "explicit", "--load-model", "simple") as s:
+        yield f"http://{s.http_url}"
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def test_list_load_unload_and_stats(url, capsys):
+    code, out, _ = run(capsys, "models", "list", "--url", url)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["NAME", "VERSION", "STATE", "REASON"]
+    assert lines[1].split() == ["simple", "1", "READY"] and lines[2].split() == ["simple_string"]
+    assert run(capsys, "models", "load", "simple_string", "--url", url)[:2] == (0, "loaded simple_string\n")
+    code, out, _ = run(capsys, "models", "list", "--url", url, "--json")
+    assert code == 0 and {r["name"]: r.get("state") for r in json.loads(out)} == {"simple": "READY",
+                                                                                   "simple_string": "READY"}
+    assert run(capsys, "models", "unload", "simple_string", "--url", url)[0] == 0
+    code, out, _ = run(capsys, "models", "config", "simple", "--url", url)
+    assert code == 0 and json.loads(out)["max_batch_size"] == 8
+    code, out, _ = run(capsys, "models", "stats", "simple", "--url", url)
+    assert code == 0 and out.split()[:8] == ["NAME", "VERSION", "SUCCESS", "FAIL", "INFERENCES", "EXECUTIONS",
+                                              "MEAN_MS", "QUEUE_MS"]
+    assert out.splitlines()[1].split()[:2] == ["simple", "1"]
+
+
+def test_server_errors_exit_1_with_the_servers_message(url, capsys):
+    code, _, err = run(capsys, "models", "load", "no_such_model", "--url", url)
+    assert code == 1 and "the server answered 4" in err and "no_such_model" in err, err
+    code, _, err = run(capsys, "adapters", "list", "simple", "--url", url)
+    assert code == 1 and "this server has no adapter API" in err, err
+    code, _, err = run(capsys, "adapters", "load", "simple", "a1", "--url", url)
+    assert code == 1 and "this server has no adapter API" in err
+
+
+def test_health_exits_0_only_when_ready(url, capsys):
+    """With --strict-readiness (the default) an unloaded model makes the server not ready."""
+    assert run(capsys, "models", "load", "simple_string", "--url", url)[0] == 0
+    assert run(capsys, "health", "--url", url)[:2] == (0, "live: yes\nready: yes\n")
+    assert run(capsys, "models", "unload", "simple_string", "--url", url)[0] == 0
+    code, out, _ = run(capsys, "health", "--url", url, "--json")
+    assert code == 1 and json.loads(out) == {"live": True, "ready": False}
+
+
+def test_unreachable_server_exits_3_and_usage_errors_exit_2(capsys):
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code, _, err = run(capsys, "health", "--url", f"http://127.0.0.1:{port}")
+    assert code == 3 and "cannot reach the server" in err
+    assert run(capsys, "models", "frobnicate")[0] == 2
+    # As a script sees it: the installed entry point's exit status.
+    proc = subprocess.run([sys.executable, "-m", "modelplex", "models", "list", "--url", f"http://127.0.0.1:{port}"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "cannot reach the server" in proc.stderr
