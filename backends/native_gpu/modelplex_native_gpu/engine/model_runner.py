@@ -12,6 +12,7 @@ import torch
 
 from ..errors import InvalidConfigError
 from ..layers.attention import AttentionMetadata
+from ..layers.linear import can_pack
 from ..loader import LoadedWeights
 from ..models.llama import LlamaForCausalLM
 from .sampler import Sampler, SamplerOutput
@@ -47,6 +48,8 @@ class ModelRunner:
             logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[0])
         self.model.to(device=self.device, dtype=self.dtype)
         self.model.eval()
+        if can_pack(self.device, self.dtype):
+            self.model.pack_linear_weights(batch_size_hint=64)
         self.sampler = Sampler(self.device)
         self.kv_cache: torch.Tensor | None = None
         self.num_blocks = 0

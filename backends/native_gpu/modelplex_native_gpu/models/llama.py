@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import AttentionMetadata, PagedAttention
+from ..layers.linear import Linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import LlamaArchConfig
@@ -26,32 +27,31 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
-        self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if cfg.attention_bias else None
-        self.o_weight = _param(cfg.hidden_size, self.q_size)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.rotary = rotary
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, kernels)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         o = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), meta)
-        return F.linear(o.reshape(-1, self.q_size), self.o_weight)
+        return self.o_proj(o.reshape(-1, self.q_size))
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: LlamaArchConfig):
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size)
-        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight)
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -75,7 +75,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, kernels) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
@@ -85,7 +87,12 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on the rows that sample; logits are fp32 for the sampler."""
-        return F.linear(self.norm(hidden), self.lm_head).float()
+        return self.lm_head(self.norm(hidden)).float()
+
+    def pack_linear_weights(self, batch_size_hint: int):
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack(batch_size_hint)
 
     def load_weights(self, weights: dict[str, torch.Tensor]):
         """Copy HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...) into the fused parameters."""
@@ -95,16 +102,17 @@ class LlamaForCausalLM(nn.Module):
             self.embed_tokens.copy_(get("model.embed_tokens.weight"))
             self.norm.weight.copy_(get("model.norm.weight"))
             if not self.config.tie_word_embeddings:
-                self.lm_head.copy_(get("lm_head.weight"))
+                self.lm_head.weight.copy_(get("lm_head.weight"))
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
                 attn = layer.self_attn
-                attn.qkv_weight.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
-                if attn.qkv_bias is not None:
-                    attn.qkv_bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
-                attn.o_weight.copy_(get(p + "self_attn.o_proj.weight"))
-                layer.mlp.gate_up_weight.copy_(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
-                layer.mlp.down_weight.copy_(get(p + "mlp.down_proj.weight"))
+                attn.qkv_proj.weight.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+                if attn.qkv_proj.bias is not None:
+                    attn.qkv_proj.bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+                attn.o_proj.weight.copy_(get(p + "self_attn.o_proj.weight"))
+                mlp = layer.mlp
+                mlp.gate_up_proj.weight.copy_(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
+                mlp.down_proj.weight.copy_(get(p + "mlp.down_proj.weight"))
                 layer.input_layernorm.weight.copy_(get(p + "input_layernorm.weight"))
                 layer.post_attention_layernorm.weight.copy_(get(p + "post_attention_layernorm.weight"))
         weights.pop("lm_head.weight", None)  # tied checkpoints may carry a copy
