@@ -38,6 +38,9 @@ _FAMILIES: list[tuple[str, str, str, Callable[[ModelStats], float]]] = [
 ]
 
 
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
 def _labels(labels: dict[str, str]) -> str:
     inner = ",".join(f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
                      for k, v in labels.items())
@@ -55,9 +58,51 @@ def triton_metrics_text(all_stats: Iterable[ModelStats]) -> str:
     name = "nv_inference_request_failure"
     lines += [f"# HELP {name} Number of failed inference requests, all batch sizes", f"# TYPE {name} counter"]
     for s in all_stats:
-        for reason, count in sorted(s.failures.items()):
+        for reason in FAILURE_REASONS:  # all of them, zeros included, as Triton prints them
+            count = s.failures.get(reason, 0)
             lines.append(f"{name}{_labels({'model': s.name, 'reason': reason, 'version': s.version})} {float(count)}")
     return "\n".join(lines) + "\n"
+
+
+class CpuMetrics:
+    """Triton's `nv_cpu_*` gauges from /proc (Linux): utilization over the time since the last scrape."""
+
+    def __init__(self):
+        self._last = self._cpu_times()
+
+    @staticmethod
+    def _cpu_times() -> tuple[int, int] | None:
+        """(busy, total) jiffies of all CPUs; None where /proc/stat does not exist."""
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    @staticmethod
+    def _memory() -> tuple[int, int] | None:
+        try:
+            with open("/proc/meminfo") as f:
+                info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)}
+        except (OSError, ValueError):
+            return None
+        return info["MemTotal"] - info.get("MemAvailable", info["MemFree"]), info["MemTotal"]
+
+    def text(self) -> str:
+        now, memory = self._cpu_times(), self._memory()
+        lines = []
+        if now is not None and self._last is not None:
+            busy, total = now[0] - self._last[0], now[1] - self._last[1]
+            lines += ["# HELP nv_cpu_utilization CPU utilization rate [0.0 - 1.0]", "# TYPE nv_cpu_utilization gauge",
+                      f"nv_cpu_utilization {busy / total if total > 0 else 0.0}"]
+        self._last = now
+        if memory is not None:
+            for name, doc, v in (("nv_cpu_memory_used_bytes", "CPU memory (RAM) in use, in bytes", memory[0]),
+                                 ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", memory[1])):
+                lines += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name} {float(v)}"]
+        return "\n".join(lines) + "\n" if lines else ""
 
 
 class MetricsServer:
@@ -83,13 +128,14 @@ class MetricsServer:
                 pass
 
         self.stats_source, self.registry = stats_source, registry
+        self.cpu = CpuMetrics()
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_port
         threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True).start()
 
     def render(self) -> str:
-        return triton_metrics_text(self.stats_source()) + generate_latest(self.registry).decode()
+        return triton_metrics_text(self.stats_source()) + self.cpu.text() + generate_latest(self.registry).decode()
 
     def close(self) -> None:
         self.httpd.shutdown()
