@@ -1,1 +1,1 @@
-"""Admin API: adapter management routers and authentication (not built yet)."""
+"""Admin API and access control: the policy over API groups (admin token, API keys, restricted APIs) and TLS."""

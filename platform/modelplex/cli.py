@@ -10,7 +10,7 @@ from . import __version__
 from .admin_cli import add_admin_commands, run_admin_command
 from .errors import InvalidInput
 from .logging_setup import LOG_SETTINGS
-from .settings import ServerConfig
+from .settings import SecurityConfig, ServerConfig
 from .tracing import TraceConfig
 
 
@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-max-message-bytes", type=int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent")
     s.add_argument("--unload-timeout-secs", type=float, default=30.0)
+    s.add_argument("--exit-timeout-secs", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, how long in-flight requests and streams may run before the exit")
+    add_security_arguments(s)
     s.add_argument("--port-file", type=Path, help="write the bound ports as JSON here once serving")
     s.add_argument("--log-verbose", type=int, default=0)
     s.add_argument("--log-format", choices=["text", "json"], default="text",
@@ -55,6 +58,62 @@ def build_parser() -> argparse.ArgumentParser:
                         "opentelemetry,bsp_max_queue_size=N (repeatable)")
     add_admin_commands(sub)
     return parser
+
+
+def add_security_arguments(s: argparse.ArgumentParser) -> None:
+    g = s.add_argument_group("TLS and access control")
+    g.add_argument("--admin-token", action="append", default=[],
+                   help="bearer token for model-control APIs (model-repository, trace, logging); repeatable")
+    g.add_argument("--admin-token-file", type=Path, help="a file holding the admin token (e.g. a mounted Secret)")
+    g.add_argument("--api-key", action="append", default=[], help="bearer key required for inference; repeatable")
+    g.add_argument("--api-key-file", type=Path, help="a file with one inference API key per line")
+    g.add_argument("--http-restricted-api", action="append", default=[], metavar="<api-groups>:<key>=<value>",
+                   help="requests to these API groups must carry header <key> with <value> (Triton's flag)")
+    g.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="<api-groups>:<key>=<value>",
+                   help="gRPC calls of these API groups must carry metadata <key> with <value> (Triton's flag)")
+    g.add_argument("--http-server-cert", type=Path, help="PEM certificate: serve HTTPS")
+    g.add_argument("--http-server-key", type=Path)
+    g.add_argument("--http-root-cert", type=Path, help="PEM CA: HTTPS clients must present a certificate it signed")
+    g.add_argument("--grpc-use-ssl", type=_bool, default=False)
+    g.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False)
+    g.add_argument("--grpc-server-cert", type=Path)
+    g.add_argument("--grpc-server-key", type=Path)
+    g.add_argument("--grpc-root-cert", type=Path)
+
+
+def _secrets(values: list[str], path: Path | None) -> list[str]:
+    if path is not None:
+        values = values + [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    return values
+
+
+def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SecurityConfig:
+    """The TLS/auth flags as a `SecurityConfig`; contradictions are usage errors (exit 2)."""
+    from modelplex_admin.policy import parse_restriction
+
+    try:
+        http_restricted = {k: v for text in args.http_restricted_api for k, v in parse_restriction(text).items()}
+        grpc_restricted = {k: v for text in args.grpc_restricted_protocol for k, v in parse_restriction(text).items()}
+        admin_tokens = _secrets(args.admin_token, args.admin_token_file)
+        api_keys = _secrets(args.api_key, args.api_key_file)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    if (args.http_server_cert is None) != (args.http_server_key is None):
+        parser.error("--http-server-cert and --http-server-key go together")
+    if args.http_root_cert is not None and args.http_server_cert is None:
+        parser.error("--http-root-cert needs --http-server-cert and --http-server-key")
+    use_ssl = args.grpc_use_ssl or args.grpc_use_ssl_mutual
+    if use_ssl and (args.grpc_server_cert is None or args.grpc_server_key is None):
+        parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    if args.grpc_use_ssl_mutual and args.grpc_root_cert is None:
+        parser.error("--grpc-use-ssl-mutual needs --grpc-root-cert")
+    return SecurityConfig(
+        admin_tokens=admin_tokens, api_keys=api_keys, http_restricted=http_restricted,
+        grpc_restricted=grpc_restricted, http_server_cert=args.http_server_cert,
+        http_server_key=args.http_server_key, http_root_cert=args.http_root_cert,
+        grpc_server_cert=args.grpc_server_cert if use_ssl else None,
+        grpc_server_key=args.grpc_server_key if use_ssl else None,
+        grpc_root_cert=args.grpc_root_cert if use_ssl else None, grpc_use_ssl_mutual=args.grpc_use_ssl_mutual)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,
-        grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format)
+        grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format, exit_timeout_secs=args.exit_timeout_secs,
+        security=security_config(parser, args))
     from .server import serve
 
     try:

@@ -1,0 +1,168 @@
+"""SIGTERM during running requests and streams: not ready within 1 s, new requests refused, every
+in-flight request and stream finishes, exit code 0; and `--exit-timeout-secs` bounds the wait."""
+from __future__ import annotations
+
+import queue
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from serverproc import ServerProcess
+
+REPEAT = Path(__file__).resolve().parent.parent / "python_backend" / "models" / "repeat_int32"
+ENV = {"MODELPLEX_PLUGINS": "python"}
+SLOW_CONFIG = """name: "slow"
+backend: "python"
+input [ { name: "MS" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+"""
+SLOW_MODEL = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            ms = pb_utils.get_input_tensor_by_name(request, "MS").as_numpy()
+            time.sleep(ms[0] / 1000)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", ms)]))
+        return responses
+'''
+
+
+@pytest.fixture(scope="module")
+def slow_repo(tmp_path_factory) -> Path:
+    repo = tmp_path_factory.mktemp("lifecycle_repo")
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
+    shutil.copytree(REPEAT, repo / "repeat_int32")
+    return repo
+
+
+def start(repo: Path, exit_timeout: float) -> ServerProcess:
+    return ServerProcess([repo], "--model-control-mode", "explicit", "--load-model", "slow",
+                         "--load-model", "repeat_int32", "--exit-timeout-secs", str(exit_timeout), env=ENV)
+
+
+def slow_infer(url: str, ms: int) -> int:
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    tensor = httpclient.InferInput("MS", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([ms], np.int32))
+    return int(client.infer("slow", [tensor]).as_numpy("OUT")[0])
+
+
+def repeat_stream(url: str, values: list[int], delay_ms: int) -> list:
+    """One gRPC stream of `repeat_int32`: the OUT values received, then "FINAL" (or the error)."""
+    client = grpcclient.InferenceServerClient(url)
+    received: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: received.put((result, error)))
+    arrays = {"IN": np.array(values, np.int32), "DELAY": np.full(len(values), delay_ms, np.uint32),
+              "WAIT": np.array([0], np.uint32)}
+    inputs = []
+    for name, array in arrays.items():
+        inputs.append(grpcclient.InferInput(name, list(array.shape), "INT32" if name == "IN" else "UINT32"))
+        inputs[-1].set_data_from_numpy(array)
+    client.async_stream_infer("repeat_int32", inputs, enable_empty_final_response=True)
+    out = []
+    try:
+        while True:
+            result, error = received.get(timeout=30)
+            if error is not None:
+                return out + [str(error)]
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return out + ["FINAL"]
+            out.append(int(result.as_numpy("OUT")[0]))
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def run_in_threads(calls) -> tuple[list[threading.Thread], dict]:
+    results: dict = {}
+
+    def run(key, fn, *args):
+        try:
+            results[key] = fn(*args)
+        except Exception as e:  # noqa: BLE001 - the test compares what each call ended with
+            results[key] = e
+
+    threads = [threading.Thread(target=run, args=(key, *call)) for key, call in calls.items()]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+def grpc_health(url: str) -> int:
+    with grpc.insecure_channel(url) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+
+
+def test_sigterm_drains_requests_and_streams(slow_repo):
+    with start(slow_repo, exit_timeout=30) as s:
+        http_url = f"http://{s.http_url}"
+        assert httpx.get(f"{http_url}/v2/health/ready").status_code == 200
+        # 6 requests of 1.5 s on 2 instances: 4.5 s of work, most of it still queued at the signal.
+        calls = {f"infer{i}": (slow_infer, s.http_url, 1500 + i) for i in range(6)}
+        calls |= {f"stream{i}": (repeat_stream, s.grpc_url, [i, i + 10, i + 20, i + 30, i + 40, i + 50], 300)
+                  for i in range(3)}
+        threads, results = run_in_threads(calls)
+        time.sleep(0.5)
+        assert not results, f"calls ended before the signal: {results}"
+        s.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+
+        while httpx.get(f"{http_url}/v2/health/ready").status_code != 400:
+            assert time.monotonic() - signalled < 1.0, "HTTP readiness still true 1 s after SIGTERM"
+            time.sleep(0.02)
+        while grpc_health(s.grpc_url) != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() - signalled < 1.0, "gRPC health still SERVING 1 s after SIGTERM"
+            time.sleep(0.02)
+        assert time.monotonic() - signalled < 1.0
+
+        refused = httpx.post(f"{http_url}/v2/models/slow/infer", json={"inputs": [
+            {"name": "MS", "shape": [1], "datatype": "INT32", "data": [1]}]})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
+        with pytest.raises(InferenceServerException) as grpc_refused:
+            tensor = grpcclient.InferInput("MS", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([1], np.int32))
+            grpcclient.InferenceServerClient(s.grpc_url).infer("slow", [tensor])
+        assert grpc_refused.value.status() == "StatusCode.UNAVAILABLE"
+
+        for t in threads:
+            t.join(60)
+        assert s.proc.wait(30) == 0, s.log()
+        took = time.monotonic() - signalled
+        assert {k: v for k, v in results.items() if k.startswith("infer")} == {
+            f"infer{i}": 1500 + i for i in range(6)}
+        for i in range(3):
+            assert results[f"stream{i}"] == [i, i + 10, i + 20, i + 30, i + 40, i + 50, "FINAL"]
+        assert took >= 3.0, f"exited {took:.1f}s after SIGTERM: before the queued requests could finish"
+
+
+def test_exit_timeout_bounds_the_drain(slow_repo):
+    with start(slow_repo, exit_timeout=1) as s:
+        threads, results = run_in_threads({"long": (slow_infer, s.http_url, 20_000)})
+        time.sleep(0.5)
+        s.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert s.proc.wait(30) == 0, s.log()
+        took = time.monotonic() - signalled
+        threads[0].join(30)
+        assert 1.0 <= took < 12.0, f"exit {took:.1f}s after SIGTERM with --exit-timeout-secs 1:\n{s.log()}"
+        assert isinstance(results["long"], Exception)
