@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from ..dataplane import DataPlane
 from ..settings import ServerConfig
 from ..openai import create_openai_router
+from ..status_page import create_status_router
 from .errors import install_error_handlers
 from .generate import create_generate_router
 from .infer import INFER_PATH, InferEndpoint
@@ -40,6 +41,7 @@ def create_http_app(dataplane: DataPlane, settings: ServerConfig, pm=None) -> Fr
     install_error_handlers(app)
     app.include_router(create_router(dataplane, settings))
     app.include_router(create_observability_router(dataplane))
+    app.include_router(create_status_router())
     app.include_router(create_generate_router(dataplane))
     app.include_router(create_openai_router(dataplane))
     if pm is not None:
