@@ -44,7 +44,7 @@ def test_backend_spec_and_auto_complete(tmp_path, gguf_path):
     assert spec.name == "native_gpu" and spec.max_concurrency_per_instance > 1
     ictx = context(tmp_path, gguf_path)
     spec.auto_complete_config(ictx.model)
-    assert [t.name for t in ictx.model.config.input] == ["text_input", "sampling_parameters"]
+    assert [t.name for t in ictx.model.config.input] == ["text_input", "messages", "sampling_parameters"]
     assert [t.name for t in ictx.model.config.output] == ["text_output"]
 
 
@@ -66,7 +66,8 @@ def test_execute_stream_and_errors(tmp_path, gguf_path):
 
     whole, other, parts = asyncio.run(main())
     assert whole.outputs[0].data[0] == b"The capital of France is Paris."
-    assert whole.parameters == {"finish_reason": "stop"} and other.parameters == {"finish_reason": "length"}
+    assert whole.parameters == {"finish_reason": "stop", "num_input_tokens": 16, "num_output_tokens": 8}
+    assert other.parameters == {"finish_reason": "length", "num_input_tokens": 16, "num_output_tokens": 3}
     assert b"".join(p.outputs[0].data[0] for p in parts) == b"The capital of France is Paris." and len(parts) > 2
 
 
