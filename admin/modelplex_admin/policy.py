@@ -27,14 +27,16 @@ HTTP_ROUTES: list[tuple[re.Pattern, str]] = [(re.compile(pattern), group) for pa
     (_MODEL + r"/(?:infer|generate|generate_stream)", "inference"),
     (r"/v1/(?:completions|chat/completions|embeddings|responses)", "inference"),
     (_MODEL + r"/config", "model-config"),
-    (r"/v2/models/stats|" + _MODEL + r"/stats", "statistics"),
+    (r"/v2/models/stats|" + _MODEL + r"/(?:stats|engine_stats)", "statistics"),
     (r"/v2/trace/setting|" + _MODEL + r"/trace/setting", "trace"),
     (r"/v2/logging", "logging"),
     # Adapters are loaded and unloaded like models: the same group.
     (r"/v2/repository(?:/.*)?|/v2/adapters(?:/.*)?|" + _MODEL + r"/adapters(?:/.*)?", "model-repository"),
     (r"/v1/(?:load|unload)_lora_adapter", "model-repository"),
-    (r"/v2/(?:system|cuda)sharedmemory(?:/.*)?", "shared-memory"),
-    (r"/v2|" + _MODEL + r"|/v1/models(?:/[^/]+)?", "metadata"),
+    (r"/v2/(?:system|cuda)sharedmemory.*", "shared-memory"),
+    (r"/v2|/v2/devices|" + _MODEL + r"|/v1/models(?:/.+)?", "metadata"),
+    # The status page: static files whose script calls the routes above (each checked on its own).
+    (r"/|/ui(?:/.*)?", "metadata"),
 ]]
 
 _TRITON = "inference.GRPCInferenceService"
