@@ -89,3 +89,16 @@ def test_decode_reference_equals_single_query_prefill():
     a = reference.paged_decode_attention(query, k_cache, v_cache, tables, context_lens, 0.2)
     b = reference.prefix_prefill_attention(query, k_cache, v_cache, tables, cu, context_lens, 0.2)
     torch.testing.assert_close(a, b, msg="decode and prefill references disagree")
+
+
+def test_decode_reference_groups_uneven_lengths_like_one_batch():
+    """More sequences than one gather group: grouping by length must not change the result."""
+    k_cache, v_cache = torch.randn(81, BLOCK_SIZE, 2, 32), torch.randn(81, BLOCK_SIZE, 2, 32)
+    g = torch.Generator().manual_seed(5)
+    context_lens = torch.randint(1, 64, (20,), generator=g).to(torch.int32)
+    tables = (torch.randperm(80, generator=g) + 1).view(20, 4).to(torch.int32)
+    query = torch.randn(20, 4, 32, generator=g)
+    got = reference.paged_decode_attention(query, k_cache, v_cache, tables, context_lens, 0.3)
+    want = torch.cat([reference._decode_group(query[i:i + 1], k_cache, v_cache, tables[i:i + 1],
+                                              context_lens[i:i + 1], 0.3) for i in range(20)])
+    torch.testing.assert_close(got, want, msg="grouped decode differs from per-sequence decode")

@@ -29,12 +29,31 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     return rows.view(num_kv_heads, block_table.shape[0], -1, head_dim).transpose(0, 1)
 
 
+_DECODE_GROUP = 16  # sequences per gather: bounds padding to the longest context of a group
+
+
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """One query token per sequence. query [B, H, D]; block_tables [B, max_blocks]; context_lens [B].
 
     Returns [B, H, D]. Query head h reads KV head h // (H // Hkv), as in HF's repeat_kv.
+    Sequences are taken in groups of similar length so short ones do not gather the longest's blocks.
     """
+    batch = query.shape[0]
+    if batch <= _DECODE_GROUP:
+        return _decode_group(query, k_cache, v_cache, block_tables, context_lens, scale)
+    out = torch.empty_like(query)
+    order = torch.argsort(context_lens)
+    block_size = k_cache.shape[1]
+    for start in range(0, batch, _DECODE_GROUP):
+        idx = order[start:start + _DECODE_GROUP]
+        lens = context_lens[idx]
+        num_blocks = (int(lens.max()) + block_size - 1) // block_size
+        out[idx] = _decode_group(query[idx], k_cache, v_cache, block_tables[idx, :num_blocks], lens, scale)
+    return out
+
+
+def _decode_group(query, k_cache, v_cache, block_tables, context_lens, scale):
     batch, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     keys = _gather(k_cache, block_tables)  # [B, Hkv, N, D]
@@ -48,11 +67,12 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 def prefix_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
-                             scale: float) -> torch.Tensor:
+                             scale: float, max_query_len: int | None = None) -> torch.Tensor:
     """Causal attention for query chunks whose K/V (cached prefix + the chunk) are already in the cache.
 
     query [T, H, D] holds sequence s at rows cu_seqlens_q[s]:cu_seqlens_q[s+1]; context_lens[s] is the
     sequence's KV length including the chunk, so its query j sits at position context_lens[s] - q_len + j.
+    `max_query_len` only sizes the Triton launch grid (saves a device sync); unused here.
     """
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]

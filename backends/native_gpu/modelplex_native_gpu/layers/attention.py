@@ -45,7 +45,8 @@ class PagedAttention(nn.Module):
             return ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
                                               meta.decode_context_lens, self.scale)
         prefill = ops.prefix_prefill_attention(q[nd:], self.k_cache, self.v_cache, meta.prefill_block_tables,
-                                               meta.prefill_cu_seqlens_q, meta.prefill_context_lens, self.scale)
+                                               meta.prefill_cu_seqlens_q, meta.prefill_context_lens, self.scale,
+                                               meta.max_prefill_query_len)
         if nd == 0:
             return prefill
         decode = ops.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
