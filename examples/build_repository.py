@@ -82,7 +82,7 @@ output [
 """
 
 # minilm's config for the OpenVINO backend. OpenVINO's CPU default precision is bf16 where the CPU
-# has it; f32 keeps the embeddings equal to torch's. THROUGHPUT gives one stream per core pair.
+# has it; f32 keeps the embeddings equal to torch's. THROUGHPUT runs requests side by side (2 streams on 2 cores).
 MINILM_OV_CONFIG = MINILM_CONFIG.replace('name: "minilm"\nplatform: "onnxruntime_onnx"',
                                          'name: "minilm_ov"\nbackend: "openvino"') + """\
 parameters { key: "INFERENCE_PRECISION_HINT" value { string_value: "f32" } }
