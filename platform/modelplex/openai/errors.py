@@ -45,7 +45,8 @@ def with_param(exc: ModelplexError, aliases: dict[str, str]) -> ModelplexError:
     match = _FIELD_PREFIX.match(exc.message) if exc.status == 400 else None
     if match is None or isinstance(exc, RequestError):
         return exc
-    return RequestError(aliases.get(match[1], match[1]), exc.message)
+    param = aliases.get(match[1], match[1])
+    return RequestError(param, param + exc.message[len(match[1]):])
 
 
 def describe(exc: BaseException) -> tuple[int, dict, dict]:
