@@ -180,12 +180,18 @@ class ModelVersion:
         self._check(request, start)
         self._admit()
         ok = False
+        tracing = active_trace.get()
+        span = None if tracing is None else tracing.stream_span(f"stream {self.name}", {"model": self.name})
+        num_responses = 0
         try:
             instance = await self._idle.get()
             queue_ns = _now() - start
             try:
                 async for response in instance.stream(request):
                     response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
+                    if span is not None:
+                        tracing.response_event(span, num_responses, start)
+                    num_responses += 1
                     yield response
             finally:
                 self._idle.put_nowait(instance)
@@ -194,6 +200,8 @@ class ModelVersion:
         finally:
             self.stats.record_request(ok, _now() - start, 0, 0, 0, 0, "BACKEND")
             self._release()
+            if span is not None:
+                span.end()
 
     async def unload(self, timeout: float) -> None:
         """Refuse new requests, wait (up to `timeout` s) for in-flight ones, then close instances."""

@@ -1,17 +1,17 @@
 """Request tracing with OpenTelemetry: Triton's trace settings, sampling at the front doors, spans
 along the request path, and asynchronous, bounded OTLP export.
 
-A front door asks `Tracing.request_span` only when `Tracing.enabled`; a sampled request carries its
-`Tracing` in the `active_trace` context variable, so the rest of the path (model versions, the
-batcher, ensemble steps, BLS calls) pays one context-variable read when tracing is off. Phases
-measured anyway (queue, compute) become spans after the fact from their perf-counter timestamps.
-Streaming models (LLM prefill, chunks) add to the model span: `add_event` with a TTFT attribute.
+A front door asks `Tracing.sample` only when `Tracing.enabled` and opens `request_span` for a sampled
+request, which then carries its `Tracing` in the `active_trace` context variable: the rest of the
+path (model versions, the batcher, ensemble steps, BLS calls) pays one context-variable read when
+tracing is off. Phases measured anyway (queue, compute) become spans after the fact from their
+perf-counter timestamps. A streamed request gets a span with one event per response and its time to
+first response (TTFT); an engine adds its own phases (prefill) as child spans of the current span.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -113,7 +113,6 @@ class Tracing:
         self._models: dict[str, dict] = {}  # model -> its overridden settings
         self._samplers: dict[str, _Sampler] = {}
         self._provider = self._tracer = None
-        self._lock = threading.Lock()
         self.enabled = False
         self._refresh()
 
@@ -174,6 +173,8 @@ class Tracing:
         processor = BatchSpanProcessor(exporter, max_queue_size=c.bsp_max_queue_size,
                                        schedule_delay_millis=c.bsp_schedule_delay_ms,
                                        max_export_batch_size=min(c.bsp_max_export_batch_size, c.bsp_max_queue_size))
+        # A full queue drops spans by design; the SDK would log a warning for every span dropped.
+        logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.ERROR)
         self._provider = TracerProvider(resource=Resource.create(c.resource))
         self._provider.add_span_processor(processor)
         self._tracer = self._provider.get_tracer("modelplex")
@@ -188,16 +189,12 @@ class Tracing:
 
     # ---- spans ----------------------------------------------------------------------------
     def sample(self, model: str) -> bool:
-        with self._lock:  # trace settings may change from another thread (none today; cheap)
-            return self._samplers.get(model, self._global).take()
+        """Whether to trace this request (front doors ask once per request, on the event loop)."""
+        return self._samplers.get(model, self._global).take()
 
     @contextlib.contextmanager
-    def request_span(self, name: str, model: str, carrier: dict, attributes: dict):
-        """A front door's server span around one request, child of the client's `traceparent`;
-        yields None when the request is not sampled."""
-        if not self.sample(model):
-            yield None
-            return
+    def request_span(self, name: str, carrier: dict, attributes: dict):
+        """A front door's server span around one sampled request, child of the client's `traceparent`."""
         parent = _PROPAGATOR.extract(carrier) if carrier else None
         token = active_trace.set(self)
         try:
@@ -210,6 +207,17 @@ class Tracing:
     def span(self, name: str, attributes: dict | None = None):
         """A child of the current span (a model, an ensemble step), current while it runs."""
         return self._tracer.start_as_current_span(name, attributes=attributes)
+
+    def stream_span(self, name: str, attributes: dict):
+        """A streamed request's span (ended by the caller); `response_event` marks each response."""
+        return self._tracer.start_span(name, attributes=attributes)
+
+    @staticmethod
+    def response_event(span, index: int, start_ns: int) -> None:
+        elapsed_ms = (time.perf_counter_ns() - start_ns) / 1e6
+        if index == 0:
+            span.set_attribute("modelplex.ttft_ms", elapsed_ms)
+        span.add_event("response", {"index": index, "elapsed_ms": elapsed_ms})
 
     def phases(self, parent, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int) -> None:
         """`queue` and `compute` spans under `parent` from perf-counter timestamps already taken."""

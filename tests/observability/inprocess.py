@@ -12,11 +12,11 @@ from modelplex.tracing import TraceConfig, Tracing
 
 
 @contextlib.asynccontextmanager
-async def traced_server(repo: Path, trace: TraceConfig, **settings):
+async def traced_server(repo: Path, trace: TraceConfig, plugin_manager=None, **settings):
     """Yields (server, exporter): HTTP and gRPC on ephemeral ports, no metrics port."""
     config = ServerConfig(model_repositories=[repo], host="127.0.0.1", http_port=0, grpc_port=0,
                           allow_metrics=False, trace=trace, **settings)
-    server = Server(config)
+    server = Server(config, plugin_manager)
     exporter = InMemorySpanExporter()
     server.dataplane.tracing = Tracing(trace, exporter=exporter)  # before start: the front doors read it
     await server.start()

@@ -127,3 +127,31 @@ def test_rate_count_and_runtime_settings_decide_what_is_traced(ensemble_repo):
                     assert r.status_code == (404 if "nope" in path else 400) and message in r.json()["error"], r.text
 
     asyncio.run(main())
+
+
+def test_python_bls_calls_join_the_callers_trace(tmp_path):
+    """A Python model's BLS call runs as a child of that model's span (the host hands the executing
+    request's context to the BLS call it serves)."""
+    import shutil
+    from pathlib import Path
+
+    from build_repository import build
+
+    build(tmp_path, ["add_sub"])
+    shutil.copytree(Path(__file__).resolve().parents[1] / "python_backend" / "models" / "bls_sync", tmp_path / "bls_sync")
+    body = {"inputs": [{"name": "MODEL_NAME", "datatype": "BYTES", "shape": [1], "data": ["add_sub"]},
+                       {"name": "INPUT0", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]},
+                       {"name": "INPUT1", "datatype": "FP32", "shape": [4], "data": [1, 1, 1, 1]}]}
+
+    async def main():
+        async with traced_server(tmp_path, ON, allow_grpc=False) as (server, exporter):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.ports['http']}") as client:
+                r = await client.post("/v2/models/bls_sync/infer", json=body, headers={"traceparent": TRACEPARENT})
+                assert r.status_code == 200, r.text
+            server.dataplane.tracing.flush()
+            return exporter.get_finished_spans()
+
+    spans = {s.name: s for s in asyncio.run(main())}
+    assert {format(s.context.trace_id, "032x") for s in spans.values()} == {TRACE_ID}
+    assert spans["infer add_sub"].parent.span_id == spans["infer bls_sync"].context.span_id
+    assert spans["infer bls_sync"].parent.span_id == spans["POST /v2/models/bls_sync/infer"].context.span_id

@@ -53,14 +53,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # ---- inference ----------------------------------------------------------------------
     @guarded
     async def ModelInfer(self, request, context):
-        if self.dataplane.tracing.enabled:
+        tracing = self.dataplane.tracing
+        if tracing.enabled and tracing.sample(request.model_name):
             return await self._traced_infer(request, context)
         return encode_response(await self.dataplane.infer(decode_request(request)))
 
     async def _traced_infer(self, request, context):
         carrier = headers_carrier(context.invocation_metadata() or ())
         attributes = {"rpc.system": "grpc", "rpc.method": "ModelInfer", "model": request.model_name}
-        with self.dataplane.tracing.request_span("ModelInfer", request.model_name, carrier, attributes):
+        with self.dataplane.tracing.request_span("ModelInfer", carrier, attributes):
             return encode_response(await self.dataplane.infer(decode_request(request)))
 
     async def ModelStreamInfer(self, request_iterator, context):
@@ -80,7 +81,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             async for msg in request_iterator:
                 one = self._stream_one(msg, outbox)
-                if self.dataplane.tracing.enabled:
+                tracing = self.dataplane.tracing
+                if tracing.enabled and tracing.sample(msg.model_name):
                     one = self._traced_stream_one(msg, one, carrier)
                 task = asyncio.create_task(one)
                 tasks.add(task)
@@ -94,7 +96,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _traced_stream_one(self, msg: pb.ModelInferRequest, one, carrier: dict) -> None:
         """One stream request inside its own server span (every request of a stream shares its parent)."""
         attributes = {"rpc.system": "grpc", "rpc.method": "ModelStreamInfer", "model": msg.model_name}
-        with self.dataplane.tracing.request_span("ModelStreamInfer", msg.model_name, carrier, attributes):
+        with self.dataplane.tracing.request_span("ModelStreamInfer", carrier, attributes):
             await one
 
     async def _stream_one(self, msg: pb.ModelInferRequest, outbox: asyncio.Queue) -> None:

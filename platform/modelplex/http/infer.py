@@ -53,12 +53,12 @@ class InferEndpoint:
 
     async def traced(self, scope, receive, send, model: str, version: str | None) -> None:
         """`__call__` inside the request's server span when the tracer samples it."""
+        tracing = self.dataplane.tracing
+        if not tracing.sample(model):
+            return await self(scope, receive, send, model, version)
         carrier = headers_carrier(scope["headers"])
         attributes = {"http.request.method": "POST", "url.path": scope["path"], "model": model}
-        with self.dataplane.tracing.request_span(f"POST {scope['path']}", model, carrier, attributes) as span:
-            if span is None:
-                return await self(scope, receive, send, model, version)
-
+        with tracing.request_span(f"POST {scope['path']}", carrier, attributes) as span:
             async def send_recording_status(message) -> None:
                 if message["type"] == "http.response.start":
                     span.set_attribute("http.response.status_code", message["status"])

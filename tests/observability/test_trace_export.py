@@ -1,0 +1,93 @@
+"""OTLP export from a real `modelplex serve` started with Triton's `--trace-config` flags: spans reach an
+in-test OTLP/HTTP collector, and a collector that never answers slows no request."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from serverproc import ServerProcess
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+BODY = {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                   for n in ("INPUT0", "INPUT1")]}
+
+
+class Collector:
+    """OTLP/HTTP (protobuf) on an ephemeral port; keeps every span it is sent."""
+
+    def __init__(self):
+        outer, self.spans, self.resources = self, [], []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                message = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
+                for resource_spans in message.resource_spans:
+                    outer.resources.append({a.key: a.value.string_value for a in resource_spans.resource.attributes})
+                    for scope in resource_spans.scope_spans:
+                        outer.spans.extend(scope.spans)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/v1/traces"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def trace_flags(url: str) -> list[str]:
+    return ["--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", "rate=1", "--trace-config", f"opentelemetry,url={url}",
+            "--trace-config", "opentelemetry,resource=service.name=test-modelplex",
+            "--trace-config", "opentelemetry,bsp_schedule_delay=100"]
+
+
+def test_spans_reach_an_otlp_collector(example_repo):
+    collector = Collector()
+    with ServerProcess([example_repo], *trace_flags(collector.url)) as s:
+        r = httpx.post(f"http://{s.http_url}/v2/models/simple/infer", json=BODY,
+                       headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"})
+        assert r.status_code == 200
+        deadline = time.monotonic() + 10
+        while len(collector.spans) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert sorted(s.name for s in collector.spans) == ["POST /v2/models/simple/infer", "compute", "infer simple", "queue"]
+    assert {s.trace_id.hex() for s in collector.spans} == {TRACE_ID}
+    assert collector.resources[0]["service.name"] == "test-modelplex"
+    collector.httpd.shutdown()
+
+
+def test_a_collector_that_never_answers_slows_no_request(example_repo):
+    with socket.socket() as blackhole:  # accepts connections (the backlog), never reads or answers
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(1000)
+        url = f"http://127.0.0.1:{blackhole.getsockname()[1]}/v1/traces"
+        with ServerProcess([example_repo], *trace_flags(url), "--trace-config", "opentelemetry,bsp_max_queue_size=64") as s:
+            with httpx.Client(base_url=f"http://{s.http_url}") as client:
+                slowest = 0.0
+                end = time.monotonic() + 1.5  # past several export attempts (every 100 ms)
+                num = 0
+                while time.monotonic() < end or num < 300:  # and past the 64-span queue: spans are dropped
+                    start = time.monotonic()
+                    assert client.post("/v2/models/simple/infer", json=BODY).status_code == 200
+                    slowest, num = max(slowest, time.monotonic() - start), num + 1
+    assert slowest < 0.5, f"slowest of {num} requests took {slowest:.3f}s while the collector hung"
+
+
+def test_bad_trace_config_is_a_usage_error():
+    for flag, message in (("level=LOUD", "trace_level must be a list of OFF or TIMESTAMPS"),
+                          ("mode=triton", "only mode=opentelemetry is supported"),
+                          ("rate=0", "rate must be an integer >= 1"),
+                          ("opentelemetry,colour=red", "unknown setting 'colour'"),
+                          ("triton,file=/tmp/t.json", "only the 'opentelemetry' mode is supported")):
+        proc = subprocess.run([sys.executable, "-m", "modelplex", "serve", "--model-repository", "/nonexistent",
+                               "--trace-config", flag], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr, (flag, proc.stderr)
