@@ -78,6 +78,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--connections", type=int, default=16)
+    p.add_argument("--baseline-tree", type=Path,
+                   help="a checkout of the code before tracing (git worktree): adds its plain server, to show "
+                        "what tracing off costs")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-observability-"))
     repo = work / "repo"
@@ -93,7 +96,12 @@ def main(argv=None) -> int:
                              "--trace-config", "rate=100", "--trace-config", f"opentelemetry,url={sink.url}"],
         "metrics, scraped 1/s": [],
     }
-    servers = {name: ServerProcess([repo], *flags).start() for name, flags in configs.items()}
+    env = {name: None for name in configs}
+    if args.baseline_tree is not None:
+        folders = ["platform", "backends/onnx", "backends/python", "ensembles"]
+        configs["plain, baseline tree"] = configs["plain"]
+        env["plain, baseline tree"] = {"PYTHONPATH": ":".join(str(args.baseline_tree / f) for f in folders)}
+    servers = {name: ServerProcess([repo], *flags, env=env[name]).start() for name, flags in configs.items()}
     results = {name: [] for name in configs}
     try:
         for r in range(args.rounds):
