@@ -22,6 +22,7 @@ from .settings import ServerConfig
 log = logging.getLogger(__name__)
 # After the drain, how long unloading (backends' finalize) may take before the process leaves anyway.
 UNLOAD_GRACE_SECS = 5.0
+FLUSH_GRACE_SECS = 2.0
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -118,8 +119,9 @@ class Server:
             await asyncio.sleep(0.05)
         if self.num_inflight():
             log.warning("stopping with %d requests still in flight", self.num_inflight())
-        # What is left of the budget lets responses already produced reach their clients.
-        remaining = 0.0 if force and force.is_set() else max(0.5, deadline - time.monotonic())
+        # Past the drain only responses already produced are left to send: a short grace, also
+        # because an idle TLS connection would hold the exit until the SSL shutdown times out (30 s).
+        remaining = 0.0 if force and force.is_set() else min(FLUSH_GRACE_SECS, max(0.5, deadline - time.monotonic()))
         if self._grpc is not None:
             await self._grpc.stop(remaining)
         if self._http is not None:
