@@ -115,7 +115,7 @@ class Countdown(ModelInstance):
     async def stream(self, request):
         n = int(request.input("N").data[0])
         for left in range(abs(n) - 1, -1, -1):
-            await asyncio.sleep(0)  # let other requests' responses interleave
+            await asyncio.sleep(0.05)  # long enough that concurrent requests overlap even on a loaded machine
             yield InferResponse("", "", [InferTensor.from_numpy("LEFT", np.array([left], np.int32))])
             if n < 0:
                 raise InvalidInput("negative countdowns stop after one step")
