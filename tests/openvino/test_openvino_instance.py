@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from ov_models import expected_linear, instance_context, linear_model, write_ir
+from ov_models import expected_linear, instance_context, linear_model, linear_onnx, write_ir
 from modelplex import InferRequest, InferTensor, InvalidInput, RequestedOutput
 from modelplex.model_config import parse_pbtxt
 from modelplex_openvino.batch import merge_requests
@@ -243,3 +243,28 @@ def test_the_first_runs_may_come_at_once(tmp_path):
         for run in runs:
             run.kill()
     assert all(output.strip().endswith("done") for output in outputs), outputs
+
+
+def test_an_onnx_file_needs_no_default_model_filename(tmp_path):
+    """`backend: "openvino"` with only model.onnx in the version folder: OpenVINO reads the ONNX file."""
+    (tmp_path / "linear_onnx" / "1").mkdir(parents=True)
+    linear_onnx(tmp_path / "linear_onnx" / "1" / "model.onnx")
+    instance = OpenVINOInstance(instance_context(tmp_path / "linear_onnx", LINEAR_CONFIG))
+    x = np.ones((3, 4), np.float32)
+    np.testing.assert_allclose(asyncio.run(instance.execute([request(x)]))[0].outputs[0].data, expected_linear(x),
+                               rtol=1e-6)
+
+
+def test_models_config_pbtxt_cannot_describe_are_refused(tmp_path):
+    import openvino as ov
+    import openvino.opset13 as ops
+    from modelplex_openvino.autocomplete import auto_complete_config
+
+    any_rank = ops.parameter(ov.PartialShape.dynamic(), ov.Type.f32, name="x")
+    bf16 = ops.parameter([-1, 4], ov.Type.bf16, name="x")
+    for name, model, words in [
+            ("any_rank", ov.Model([ops.relu(any_rank)], [any_rank]), "model 'any_rank': tensor 'x' has a dynamic rank"),
+            ("bf16", ov.Model([ops.relu(bf16)], [bf16]), "which modelplex cannot serve")]:
+        ictx = instance_context(write_ir(tmp_path, name, None, model), 'backend: "openvino"')
+        with pytest.raises(InvalidInput, match=words):
+            auto_complete_config(ictx.model)

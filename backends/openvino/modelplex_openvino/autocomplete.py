@@ -16,7 +16,7 @@ def auto_complete_config(ctx: ModelContext) -> None:
     config = ctx.config
     if _fully_specified(config):
         return  # each instance checks the config against the model when it loads
-    inputs, outputs = model_signature(read_model(shared_core(), ctx))
+    inputs, outputs = model_signature(read_model(shared_core(), ctx), ctx.name)
     _complete_max_batch_size(config, inputs, outputs)
     _complete_tensors(config, config.input, inputs, "input", add_missing=True)
     _complete_tensors(config, config.output, outputs, "output", add_missing=not config.output)

@@ -52,7 +52,7 @@ def compile_model(ictx: InstanceContext):
     properties = compile_properties(ctx)
     check_precision(properties.get("INFERENCE_PRECISION_HINT", ""), device, core, ctx.name)
     model = read_model(core, ctx)
-    inputs, outputs = model_signature(model)
+    inputs, outputs = model_signature(model, ctx.name)
     check_config(config, inputs, outputs)
     if needs_static_shapes(device):
         make_static(model, config, f"device {device}")

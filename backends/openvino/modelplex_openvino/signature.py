@@ -59,15 +59,16 @@ def _first_line(error: Exception) -> str:
     return lines[-1] if lines else repr(error)
 
 
-def _signature(port) -> TensorSignature:
+def _signature(port, model_name: str) -> TensorSignature:
     shape = port.get_partial_shape()
     if shape.rank.is_dynamic:
-        raise InvalidInput(f"tensor '{port.get_any_name()}' has a dynamic rank, which config.pbtxt cannot express")
+        raise InvalidInput(f"model '{model_name}': tensor '{port.get_any_name()}' has a dynamic rank, which "
+                           "config.pbtxt cannot express")
     element = port.get_element_type().get_type_name()
     dims = tuple(d.get_length() if d.is_static else -1 for d in shape)
     return TensorSignature(port.get_any_name(), OV_TO_ONNX_TYPE.get(element, f"openvino {element}"), dims)
 
 
-def model_signature(model) -> tuple[list[TensorSignature], list[TensorSignature]]:
-    """(inputs, outputs) of an `openvino.Model` or `CompiledModel`, in the model's order; -1 = dynamic."""
-    return [_signature(p) for p in model.inputs], [_signature(p) for p in model.outputs]
+def model_signature(model, model_name: str) -> tuple[list[TensorSignature], list[TensorSignature]]:
+    """(inputs, outputs) of an `openvino.Model`, in the model's order; -1 = a dynamic dimension."""
+    return [_signature(p, model_name) for p in model.inputs], [_signature(p, model_name) for p in model.outputs]
