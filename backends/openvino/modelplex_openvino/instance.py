@@ -18,7 +18,7 @@ from modelplex_onnx.config_check import check_config
 from .batch import merge_requests, split_response
 from .devices import configured_device, select_device, shared_core
 from .properties import check_precision, compile_properties, is_yes
-from .signature import model_signature, read_model
+from .signature import model_signature, openvino_reason, read_model
 from .static_shapes import make_static, needs_static_shapes, reshape_to_config
 
 log = logging.getLogger(__name__)
@@ -33,11 +33,6 @@ class _OutputSpec:
     index: int  # the compiled model's output port
     datatype: str
     dims: tuple[int, ...] | None  # what clients see when config.pbtxt reshapes the output, else None
-
-
-def _last_line(error: Exception) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else repr(error)
 
 
 def compile_model(ictx: InstanceContext):
@@ -61,7 +56,7 @@ def compile_model(ictx: InstanceContext):
     try:
         return device, core.compile_model(model, device, properties), inputs, outputs
     except RuntimeError as e:
-        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot compile it for {device}: {_last_line(e)}") from None
+        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot compile it for {device}: {openvino_reason(e)}") from None
 
 
 class OpenVINOInstance(ModelInstance):
@@ -132,7 +127,7 @@ class OpenVINOInstance(ModelInstance):
             # share_inputs: OpenVINO reads the request's arrays in place (read-only ones too, as gRPC's are).
             infer_request.infer(feeds, share_inputs=True)
         except RuntimeError as e:
-            raise InternalError(f"model '{self.model_name}': OpenVINO failed: {_last_line(e)}") from None
+            raise InternalError(f"model '{self.model_name}': OpenVINO failed: {openvino_reason(e)}") from None
         names = [o.name for o in request.outputs] if request.outputs else self._output_names
         return InferResponse(self.model_name, "", [self._output(name, infer_request, batch) for name in names])
 

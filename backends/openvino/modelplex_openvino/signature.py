@@ -50,10 +50,10 @@ def read_model(core, ctx: ModelContext):
     try:
         return core.read_model(str(model_file))
     except RuntimeError as e:
-        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot read {model_file.name}: {_first_line(e)}") from None
+        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot read {model_file.name}: {openvino_reason(e)}") from None
 
 
-def _first_line(error: Exception) -> str:
+def openvino_reason(error: Exception) -> str:
     """OpenVINO's messages start with C++ source locations; the last non-empty line says what went wrong."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else repr(error)

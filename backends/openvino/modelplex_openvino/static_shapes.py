@@ -9,6 +9,7 @@ from modelplex import InvalidInput
 from modelplex_onnx.config_check import config_shape
 
 from .devices import split_device
+from .signature import openvino_reason
 
 STATIC_ONLY_DEVICES = ("NPU",)
 
@@ -47,6 +48,5 @@ def _reshape(model, config, shapes: dict[str, list[int]], why: str) -> None:
     try:
         model.reshape(shapes)
     except RuntimeError as e:
-        detail = [line.strip() for line in str(e).splitlines() if line.strip()][-1:]
         raise InvalidInput(f"model '{config.name}': {why} the model cannot be reshaped to {shapes}: "
-                           f"{' '.join(detail)}") from None
+                           f"{openvino_reason(e)}") from None
