@@ -1,0 +1,32 @@
+# modelplex: a multi-stage, non-root image. `docker build -t modelplex:0.1.0 .`
+# The builder installs the project and its pinned dependencies into a venv; the runtime stage copies
+# only that venv (no compiler, no pip cache) and runs as an unprivileged user.
+# EXTRAS picks backends: "onnx" (default), or e.g. "onnx,openvino", "all" (torch: a much larger image).
+
+FROM python:3.11-slim AS builder
+ARG EXTRAS=onnx
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY platform ./platform
+COPY backends ./backends
+COPY ensembles ./ensembles
+COPY multilora ./multilora
+COPY admin ./admin
+RUN pip install ".[${EXTRAS}]"
+
+FROM python:3.11-slim AS runtime
+RUN groupadd --system --gid 10001 modelplex \
+    && useradd --system --uid 10001 --gid modelplex --home-dir /home/modelplex --create-home modelplex
+COPY --from=builder /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
+USER 10001:10001
+WORKDIR /home/modelplex
+EXPOSE 8000 8001 8002
+# Exec form: modelplex is PID 1 and gets SIGTERM itself (graceful drain, --exit-timeout-secs).
+ENTRYPOINT ["modelplex", "serve"]
+CMD ["--model-repository", "/models"]
+HEALTHCHECK --interval=10s --timeout=3s --start-period=600s \
+    CMD ["python", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)"]
