@@ -26,6 +26,7 @@ _request_ids = itertools.count()
 QUEUE_SIZE_PARAMETER = "max_queue_size"
 DEFAULT_MAX_QUEUE_SIZE = 256
 RETRY_AFTER_SECONDS = 1.0
+SLOT_HEADROOM = 16
 
 
 def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
@@ -98,11 +99,15 @@ class LLMInstance(ModelInstance):
 
         device = "cuda:%d" % ictx.device_id if ictx.kind == "GPU" else ("cpu" if ictx.kind == "CPU" else None)
         self.max_queue_size = max_queue_size(ictx.model)
+        config = engine_config(ictx.model, device)
         try:
-            self.engine = AsyncLLMEngine(LLMEngine(engine_config(ictx.model, device)))
+            self.engine = AsyncLLMEngine(LLMEngine(config))
         except EngineError as exc:
             raise InvalidInput(f"model '{ictx.model.name}': {exc}") from None
         self.model = (ictx.model.name, str(ictx.model.version))
+        # More host slots than the engine runs plus queues: the bound that refuses is ours, never
+        # an unbounded wait for a host slot (the headroom covers refusals and streams closing).
+        self.max_concurrency = config.max_num_seqs + self.max_queue_size + SLOT_HEADROOM
 
     async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
         return list(await asyncio.gather(*(self._complete(r) for r in requests)))
