@@ -1,0 +1,71 @@
+"""The Dockerfile, parsed (no Docker engine here): multi-stage, non-root, `modelplex serve` as the
+entrypoint with flags the real CLI accepts, the ports the manifests use, and sources that exist."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from modelplex.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuations joined and comments dropped."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            result.append((word.upper(), rest.strip()))
+    return result
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    found: list[list[tuple[str, str]]] = []
+    for instruction in instructions():
+        if instruction[0] == "FROM":
+            found.append([])
+        if found:
+            found[-1].append(instruction)
+    return found
+
+
+def last(stage, word: str) -> str:
+    return [rest for w, rest in stage if w == word][-1]
+
+
+def test_multi_stage_with_pinned_bases():
+    all_stages = stages()
+    assert len(all_stages) >= 2
+    for stage in all_stages:
+        image = stage[0][1].split()[0]
+        assert ":" in image and not image.endswith(":latest"), image
+    runtime = all_stages[-1]
+    assert any(w == "COPY" and rest.startswith("--from=builder") for w, rest in runtime)
+    assert not any(w == "RUN" and "pip install" in rest for w, rest in runtime), "build tools belong in the builder"
+
+
+def test_runs_as_the_non_root_user_the_deployment_expects():
+    user = last(stages()[-1], "USER").split(":")[0]
+    assert user.isdigit() and int(user) != 0
+    pod = yaml.safe_load((ROOT / "deploy/kubernetes/deployment.yaml").read_text())["spec"]["template"]["spec"]
+    assert int(user) == pod["securityContext"]["runAsUser"]
+
+
+def test_entrypoint_is_modelplex_serve_with_valid_default_flags():
+    runtime = stages()[-1]
+    assert json.loads(last(runtime, "ENTRYPOINT")) == ["modelplex", "serve"]  # exec form: PID 1 gets SIGTERM
+    args = build_parser().parse_args(["serve", *json.loads(last(runtime, "CMD"))])
+    assert [str(p) for p in args.model_repository] == ["/models"]
+    assert {int(p) for p in last(runtime, "EXPOSE").split()} == {args.http_port, args.grpc_port, args.metrics_port}
+
+
+def test_copied_sources_exist():
+    for word, rest in instructions():
+        if word == "COPY" and not rest.startswith("--from"):
+            for source in rest.split()[:-1]:
+                assert (ROOT / source).exists(), source
