@@ -86,8 +86,10 @@ def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
 
 
 def _split_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
-    items = np.empty(count, dtype=np.object_)
     offset, end = 0, len(raw)
+    if count * 4 > end:  # before allocating: a huge shape must not cost memory
+        raise InvalidInput(f"input '{name}' holds fewer than the {count} BYTES elements its shape needs")
+    items = np.empty(count, dtype=np.object_)
     for i in range(count):
         if offset + 4 > end:
             raise InvalidInput(f"input '{name}' holds fewer than the {count} BYTES elements its shape needs")
