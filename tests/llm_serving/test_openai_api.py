@@ -123,3 +123,12 @@ def test_embeddings_base64_is_little_endian_float32(base_url):
     encoded = httpx.post(f"{base_url}/v1/embeddings", json=body).json()["data"][0]["embedding"]
     vector = np.frombuffer(base64.b64decode(encoded), dtype="<f4")
     assert vector.shape == (384,) and abs(np.linalg.norm(vector) - 1) < 1e-5
+
+
+def test_completion_echo_and_streamed_logprobs(client):
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, echo=True)
+    assert echoed.choices[0].text.startswith(PROMPT + " Paris")
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0, logprobs=1,
+                                            stream=True))
+    tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert len(tokens) == 3 and "".join(tokens) == "".join(c.choices[0].text for c in chunks)
