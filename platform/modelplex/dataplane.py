@@ -5,7 +5,7 @@ from typing import AsyncIterator
 
 from . import __version__
 from .errors import InvalidInput, NotFound, Unavailable, Unsupported
-from .logging_setup import bind_request_id
+from .logging_setup import bind_request
 from .manager import ModelManager
 from .settings import ServerConfig
 from .tensors import InferRequest, InferResponse
@@ -62,7 +62,7 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         if not self.accepting:
             raise Unavailable("server is shutting down")
-        bind_request_id(request.id)
+        bind_request(request)
         mv = self.manager.get(request.model_name, request.model_version)
         if mv.decoupled:
             raise InvalidInput(f"model '{mv.name}' is decoupled: use a streaming API (ModelStreamInfer, generate_stream)")
@@ -75,7 +75,7 @@ class DataPlane:
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         if not self.accepting:
             raise Unavailable("server is shutting down")
-        bind_request_id(request.id)
+        bind_request(request)
         mv = self.manager.get(request.model_name, request.model_version)
         wanted = {o.name for o in request.outputs}
         if not mv.decoupled:

@@ -5,28 +5,36 @@ Python's logging is process-wide, so these settings are too: one `LogSettings` p
 """
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import sys
 import time
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
 from .errors import InvalidInput
 
-# The request being served: its client-given id, or a number of ours when it has none.
-request_id: ContextVar[str | int | None] = ContextVar("modelplex_request_id", default=None)
-_anonymous_ids = itertools.count(1)
+if TYPE_CHECKING:
+    from .tensors import InferRequest
+
+# The request being served; its id is worked out only when a line is written.
+current_request: ContextVar["InferRequest | None"] = ContextVar("modelplex_current_request", default=None)
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
-def bind_request_id(client_id: str) -> None:
-    """Called once per request by the data plane; an ensemble step keeps its parent's id."""
-    if client_id:
-        request_id.set(client_id)
-    elif request_id.get() is None:
-        request_id.set(next(_anonymous_ids))  # formatted only if a line is written
+def bind_request(request: "InferRequest") -> None:
+    """Called by the data plane for every request; an ensemble step or a BLS call runs in its
+    caller's context and keeps the caller's request (and so its id)."""
+    if current_request.get() is None:
+        current_request.set(request)
+
+
+def request_id_of(request: "InferRequest | None") -> str:
+    """The client's id, else one made from the request object's identity (unique while it runs)."""
+    if request is None:
+        return "-"
+    return request.id or f"#{id(request) & 0xFFFFFFFF:08x}"
 
 
 class JsonFormatter(logging.Formatter):
@@ -61,8 +69,7 @@ class LogSettings(logging.Filter):
         self.update({"log_format": log_format, "log_verbose_level": verbose_level})
 
     def filter(self, record: logging.LogRecord) -> bool:
-        rid = request_id.get()
-        record.request_id = "-" if rid is None else rid
+        record.request_id = request_id_of(current_request.get())
         level = record.levelno
         if level >= logging.ERROR:
             return self.log_error

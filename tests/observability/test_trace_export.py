@@ -79,7 +79,8 @@ def test_a_collector_that_never_answers_slows_no_request(example_repo):
                     start = time.monotonic()
                     assert client.post("/v2/models/simple/infer", json=BODY).status_code == 200
                     slowest, num = max(slowest, time.monotonic() - start), num + 1
-    assert slowest < 0.5, f"slowest of {num} requests took {slowest:.3f}s while the collector hung"
+    # A request waiting on the export would take the exporter's 5 s timeout; 2 s leaves room for a busy host.
+    assert slowest < 2.0, f"slowest of {num} requests took {slowest:.3f}s while the collector hung"
 
 
 def test_bad_trace_config_is_a_usage_error():
