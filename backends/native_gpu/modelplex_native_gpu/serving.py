@@ -89,7 +89,7 @@ def auto_complete_config(ctx: ModelContext) -> None:
 class LLMInstance(ModelInstance):
     """One engine per instance; the host may hand it many requests at once (they batch inside).
 
-    Invariant: at most `max_queue_size` requests wait in the engine's scheduler; leaving a stream
+    Invariant: at most `max_queue_size` sequences wait in the engine's scheduler; leaving a stream
     early (client gone, cancelled) closes the engine's stream, which aborts the request.
     """
 
@@ -116,11 +116,13 @@ class LLMInstance(ModelInstance):
         call = self._parse(request)
         if call.params.n > 1:
             raise InvalidInput("n: more than one completion per request needs a decoupled model")
-        last = None
+        token_ids, logprobs = [], []
         async with contextlib.aclosing(self._generate(request, call)) as outputs:
             async for last in outputs:
-                pass
-        return make_response(request, self.model, last.text, last, call.params, self.engine.tokenizer)
+                token_ids += last.new_token_ids
+                logprobs += last.new_logprobs
+        whole = dataclasses.replace(last, new_token_ids=token_ids, new_logprobs=logprobs)
+        return make_response(request, self.model, last.text, whole, call.params, self.engine.tokenizer)
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         call = self._parse(request)
