@@ -9,7 +9,8 @@ from .signature import model_signature, read_model
 
 def auto_complete_config(ctx: ModelContext) -> None:
     """Complete `ctx.config` in place from `ctx.model_file`; `InvalidInput` names what contradicts it."""
-    # The ONNX backend's rules are format-neutral; they should move into the host (see the report).
+    # The ONNX backend's rules are format-neutral and belong in the host; until they move there, they are
+    # shared from it rather than copied.
     from modelplex_onnx.autocomplete import _complete_max_batch_size, _complete_tensors, _fully_specified
     from modelplex_onnx.config_check import check_config
 
