@@ -43,6 +43,8 @@ def test_chat_bad_input(client, fields, param):
     ({"prompt": ["one", "two"]}, "prompt"),
     ({"logprobs": 21}, "logprobs"),
     ({"seed": "abc"}, "seed"),
+    ({"prompt": [[1, 2, 3]]}, "prompt"),  # token-id prompts are not taken
+    ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: true
 ])
 def test_completion_bad_input(client, fields, param):
     with pytest.raises(openai.BadRequestError) as error:

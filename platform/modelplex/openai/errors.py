@@ -72,7 +72,8 @@ def describe(exc: BaseException) -> tuple[int, dict, dict]:
 
 def _validation_error(exc: ValidationError) -> dict:
     first = exc.errors()[0]
-    param = ".".join(str(p) for p in first["loc"]) or None
+    # The top-level field only: deeper locations name pydantic's union members ("prompt.list[str].0").
+    param = str(first["loc"][0]) if first["loc"] else None
     if first["type"] == "extra_forbidden":
         return error_object(400, f"Unrecognized request argument supplied: {param}", param)
     return error_object(400, f"{param}: {first['msg']}", param)
