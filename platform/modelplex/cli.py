@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,
-        grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format, exit_timeout_secs=args.exit_timeout_secs,
-        security=security_config(parser, args))
+        grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format,
+        exit_timeout_secs=args.exit_timeout_secs, security=security_config(parser, args))
     from .server import serve
 
     try:

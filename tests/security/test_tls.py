@@ -48,8 +48,9 @@ def test_tls_round_trip(example_repo, certs, mutual):
         assert https.is_server_ready()
         np.testing.assert_array_equal(https.infer("simple", simple_inputs(httpclient)).as_numpy("OUTPUT0"),
                                       np.arange(1, 17, dtype=np.int32)[None])
-        client_cert = dict(private_key=str(certs.client_key), certificate_chain=str(certs.client_cert)) if mutual else {}
-        secure = grpcclient.InferenceServerClient(s.grpc_url, ssl=True, root_certificates=str(certs.ca), **client_cert)
+        client_cert = {"private_key": str(certs.client_key), "certificate_chain": str(certs.client_cert)}
+        secure = grpcclient.InferenceServerClient(s.grpc_url, ssl=True, root_certificates=str(certs.ca),
+                                                  **(client_cert if mutual else {}))
         assert secure.is_server_ready()
         np.testing.assert_array_equal(secure.infer("simple", simple_inputs(grpcclient)).as_numpy("OUTPUT1"),
                                       np.arange(-1, 15, dtype=np.int32)[None])
