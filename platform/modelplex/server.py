@@ -130,6 +130,7 @@ class Server:
             await self._http_task
         if self._metrics_httpd is not None:
             self._metrics_httpd.close()
+        await asyncio.to_thread(self.dataplane.tracing.shutdown)  # the spans still queued, for at most 2 s
         try:
             await asyncio.wait_for(self.manager.stop(), max(remaining, UNLOAD_GRACE_SECS))
         except asyncio.TimeoutError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import threading
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -177,7 +178,9 @@ class Tracing:
                                        max_export_batch_size=min(c.bsp_max_export_batch_size, c.bsp_max_queue_size))
         # A full queue drops spans by design; the SDK would log a warning for every span dropped.
         logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.ERROR)
-        self._provider = TracerProvider(resource=Resource.create(c.resource))
+        # shutdown_on_exit=False: the SDK's exit hook would wait for a hung collector; Server.stop
+        # calls `shutdown`, which does not.
+        self._provider = TracerProvider(resource=Resource.create(c.resource), shutdown_on_exit=False)
         self._provider.add_span_processor(processor)
         self._processor, self._scope = processor, InstrumentationScope("modelplex")
         self._tracer = self._provider.get_tracer("modelplex")
@@ -186,9 +189,12 @@ class Tracing:
     def flush(self, timeout_ms: int = 5000) -> bool:
         return self._provider.force_flush(timeout_ms) if self._provider is not None else True
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Export what is still queued, for at most `timeout` s: a hung collector must not hold the exit."""
         if self._provider is not None:
-            self._provider.shutdown()
+            worker = threading.Thread(target=self._provider.shutdown, name="trace-shutdown", daemon=True)
+            worker.start()
+            worker.join(timeout)
 
     # ---- spans ----------------------------------------------------------------------------
     def sample(self, model: str) -> bool:

@@ -70,17 +70,22 @@ def test_a_collector_that_never_answers_slows_no_request(example_repo):
         blackhole.bind(("127.0.0.1", 0))
         blackhole.listen(1000)
         url = f"http://127.0.0.1:{blackhole.getsockname()[1]}/v1/traces"
-        with ServerProcess([example_repo], *trace_flags(url), "--trace-config", "opentelemetry,bsp_max_queue_size=64") as s:
-            with httpx.Client(base_url=f"http://{s.http_url}") as client:
-                slowest = 0.0
-                end = time.monotonic() + 1.5  # past several export attempts (every 100 ms)
-                num = 0
-                while time.monotonic() < end or num < 300:  # and past the 64-span queue: spans are dropped
-                    start = time.monotonic()
-                    assert client.post("/v2/models/simple/infer", json=BODY).status_code == 200
-                    slowest, num = max(slowest, time.monotonic() - start), num + 1
+        s = ServerProcess([example_repo], *trace_flags(url), "--trace-config", "opentelemetry,bsp_max_queue_size=64")
+        with s, httpx.Client(base_url=f"http://{s.http_url}") as client:
+            slowest = 0.0
+            end = time.monotonic() + 1.5  # past several export attempts (every 100 ms)
+            num = 0
+            while time.monotonic() < end or num < 300:  # and past the 64-span queue: spans are dropped
+                start = time.monotonic()
+                assert client.post("/v2/models/simple/infer", json=BODY).status_code == 200
+                slowest, num = max(slowest, time.monotonic() - start), num + 1
+            stop_started = time.monotonic()
+            assert s.stop() == 0
+            stop_seconds = time.monotonic() - stop_started
     # A request waiting on the export would take the exporter's 5 s timeout; 2 s leaves room for a busy host.
     assert slowest < 2.0, f"slowest of {num} requests took {slowest:.3f}s while the collector hung"
+    # The exit waits at most 2 s for queued spans (the SDK's own exit hook would wait out the exporter).
+    assert stop_seconds < 5.0, f"the server took {stop_seconds:.1f}s to exit while the collector hung"
 
 
 def test_bad_trace_config_is_a_usage_error():
