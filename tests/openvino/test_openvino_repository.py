@@ -55,10 +55,22 @@ def repo(tmp_path_factory) -> Path:
     write_ir(repo, "precision_f16", openvino_config(INFERENCE_PRECISION_HINT="f16"))
     (repo / "no_bin" / "1" / "model.bin").unlink()
     (repo / "garbage_xml" / "1" / "model.xml").write_text("<net><layers>")
+    write_text_models(repo)
     (repo / "linear_onnx" / "1").mkdir(parents=True)
     (repo / "linear_onnx" / "config.pbtxt").write_text(openvino_config())
     linear_onnx(repo / "linear_onnx" / "1" / "model.onnx")
     return repo
+
+
+def write_text_models(repo: Path) -> None:
+    """minilm's tokenizer and detokenizer as OpenVINO models (openvino_tokenizers): BYTES in, BYTES out."""
+    from build_repository import minilm_source
+    from openvino_tokenizers import convert_tokenizer
+    from transformers import AutoTokenizer
+
+    tokenizer, detokenizer = convert_tokenizer(AutoTokenizer.from_pretrained(minilm_source()), with_detokenizer=True)
+    write_ir(repo, "tokenizer", None, tokenizer)
+    write_ir(repo, "detokenizer", None, detokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +138,22 @@ def test_a_reload_of_a_broken_model_leaves_the_others_serving(server, repo):
     with pytest.raises(Exception, match="device 'GPU' is not available"):
         http.load_model("on_gpu")
     np.testing.assert_allclose(infer(server, "grpc", "cached", {"x": X}).as_numpy("y"), expected_linear(X), rtol=1e-6)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_text_in_and_out(server, protocol):
+    """BYTES tensors to and from OpenVINO string tensors: text -> token ids -> the same text."""
+    from build_repository import minilm_source
+    from transformers import AutoTokenizer
+
+    texts = ["hello world", "a tokenizer served by openvino"]  # no punctuation: the detokenizer spaces it
+    tokenizer_config = model_config(server, "http", "tokenizer")
+    assert tokenizer_config["input"][0]["data_type"] == "TYPE_STRING"
+    text_input = tokenizer_config["input"][0]["name"]
+    result = infer(server, protocol, "tokenizer", {text_input: np.array([[t.encode()] for t in texts], np.object_)})
+    expected = AutoTokenizer.from_pretrained(minilm_source())(texts, padding=True, return_tensors="np")
+    np.testing.assert_array_equal(result.as_numpy("input_ids"), expected["input_ids"])
+    detokenizer = model_config(server, "http", "detokenizer")
+    ids_input, text_output = detokenizer["input"][0]["name"], detokenizer["output"][0]["name"]
+    result = infer(server, protocol, "detokenizer", {ids_input: expected["input_ids"].astype(np.int64)})
+    assert [row[0] for row in result.as_numpy(text_output).tolist()] == [t.encode() for t in texts]

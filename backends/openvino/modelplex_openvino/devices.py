@@ -31,6 +31,11 @@ def _create_core():
     # with numpy inputs calls) and gives up the GIL inside it: two threads making that first call at
     # once deadlock, as two infer requests' first runs did. So it is made once here, before any run.
     ov.Type.f32.to_dtype()
+    try:
+        # Its import makes every Core created afterwards read tokenizer models (their ops are its extension).
+        import openvino_tokenizers  # noqa: F401
+    except ImportError:
+        pass
     return ov.Core()
 
 

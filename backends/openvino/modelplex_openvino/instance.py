@@ -34,6 +34,10 @@ class _OutputSpec:
     datatype: str
     dims: tuple[int, ...] | None  # what clients see when config.pbtxt reshapes the output, else None
 
+    @property
+    def is_string(self) -> bool:
+        return self.datatype == "BYTES"
+
 
 def compile_model(ictx: InstanceContext):
     """(device, compiled model, model inputs, model outputs) for one instance: the device chosen and
@@ -68,6 +72,7 @@ class OpenVINOInstance(ModelInstance):
         self.model_name, self.max_batch_size = ictx.model.name, config.max_batch_size
         self.device, self.compiled_model, inputs, outputs = compile_model(ictx)
         self._input_index = {s.name: i for i, s in enumerate(inputs)}
+        self._string_inputs = frozenset(s.name for s in inputs if s.datatype == "BYTES")
         # A static batch (NPU) takes smaller batches padded up to it.
         self._static_batch = self.max_batch_size if needs_static_shapes(self.device) else 0
         model_outputs = {s.name: (i, s) for i, s in enumerate(outputs)}
@@ -122,7 +127,7 @@ class OpenVINOInstance(ModelInstance):
     # ---- on a pool thread ---------------------------------------------------------------
     def _run(self, infer_request, request: InferRequest) -> InferResponse:
         batch = request.inputs[0].data.shape[0] if self.max_batch_size > 0 and request.inputs else 0
-        feeds = {self._input_index[t.name]: self._padded(t.data, batch) for t in request.inputs}
+        feeds = {self._input_index[t.name]: self._padded(self._feed(t), batch) for t in request.inputs}
         try:
             # share_inputs: OpenVINO reads the request's arrays in place (read-only ones too, as gRPC's are).
             infer_request.infer(feeds, share_inputs=True)
@@ -130,6 +135,13 @@ class OpenVINOInstance(ModelInstance):
             raise InternalError(f"model '{self.model_name}': OpenVINO failed: {openvino_reason(e)}") from None
         names = [o.name for o in request.outputs] if request.outputs else self._output_names
         return InferResponse(self.model_name, "", [self._output(name, infer_request, batch) for name in names])
+
+    def _feed(self, tensor: InferTensor) -> np.ndarray:
+        if tensor.name not in self._string_inputs:
+            return tensor.data
+        # OpenVINO's string tensors take fixed-width bytes arrays (which drop trailing NUL bytes);
+        # BYTES arrive as an object array of bytes.
+        return np.array(list(tensor.data.flat), dtype=np.bytes_).reshape(tensor.data.shape)
 
     def _padded(self, data: np.ndarray, batch: int) -> np.ndarray:
         if not self._static_batch or batch == self._static_batch:
@@ -139,8 +151,13 @@ class OpenVINOInstance(ModelInstance):
 
     def _output(self, name: str, infer_request, batch: int) -> InferTensor:
         spec = self._outputs[name]
-        array = infer_request.get_output_tensor(spec.index).data
-        array = np.array(array[:batch] if self._static_batch else array)  # a copy: the next run reuses the memory
+        tensor = infer_request.get_output_tensor(spec.index)
+        if spec.is_string:
+            array = np.array(tensor.bytes_data, dtype=np.object_).reshape(tuple(tensor.shape))
+        else:
+            array = np.array(tensor.data)  # a copy: the next run reuses the memory
+        if self._static_batch:
+            array = array[:batch]
         if spec.dims is not None:
             array = array.reshape(array.shape[:1 if self.max_batch_size > 0 else 0] + spec.dims)
         return InferTensor(name, spec.datatype, list(array.shape), array)

@@ -22,6 +22,7 @@ OV_TO_ONNX_TYPE = {
     "f16": "tensor(float16)",
     "f32": "tensor(float)",
     "f64": "tensor(double)",
+    "string": "tensor(string)",  # openvino_tokenizers' text in and out
 }
 
 
