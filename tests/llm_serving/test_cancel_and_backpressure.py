@@ -7,12 +7,13 @@ A long request (1,000 tokens, EOS ignored) would run for many seconds if not abo
 import asyncio
 import json
 import queue
+from contextlib import AsyncExitStack
 
 import httpx
 import openai
 import pytest
 
-from llm_helpers import MODEL, engine_stats, wait_for_stats
+from llm_helpers import MODEL, engine_stats, grpc_inputs, wait_for_stats
 
 LONG = {"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
 
@@ -28,7 +29,6 @@ def test_sse_disconnect_aborts_the_request(base_url, idle_engine):
 
 def test_grpc_cancel_aborts_the_request(llm_server, base_url, idle_engine):
     import tritonclient.grpc as grpcclient
-    from test_generate_and_grpc import grpc_inputs
 
     results = queue.Queue()
     client = grpcclient.InferenceServerClient(llm_server.grpc_url)
@@ -68,8 +68,6 @@ async def _poll(client: httpx.AsyncClient, **expected) -> None:
 
 def test_full_queue_is_refused_and_a_queued_client_leaving_is_dropped(base_url, client, idle_engine):
     """max_num_seqs 2 and max_queue_size 1 (conftest): two run, one waits, the next is refused."""
-    from contextlib import AsyncExitStack
-
     async def scenario():
         async with httpx.AsyncClient(base_url=base_url, timeout=120) as http, AsyncExitStack() as stack:
             streams = [await _open_stream(http, stack) for _ in range(2)]

@@ -6,7 +6,7 @@ import httpx
 import numpy as np
 import pytest
 
-from llm_helpers import MODEL
+from llm_helpers import MODEL, grpc_inputs
 
 PROMPT = "The capital of France is"
 GREEDY = {"max_tokens": 8, "temperature": 0}
@@ -62,15 +62,6 @@ def test_http_infer_on_the_decoupled_llm_points_to_streaming(llm_server):
     text.set_data_from_numpy(np.array([PROMPT.encode()], dtype=np.object_))
     with pytest.raises(InferenceServerException, match="decoupled"):
         httpclient.InferenceServerClient(llm_server.http_url).infer(MODEL, [text])
-
-
-def grpc_inputs(prompt: str, sampling: dict):
-    import tritonclient.grpc as grpcclient
-
-    inputs = [grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("sampling_parameters", [1], "BYTES")]
-    inputs[0].set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
-    inputs[1].set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
-    return inputs
 
 
 def test_grpc_stream_infer_with_tritonclient(llm_server, base_url, idle_engine):

@@ -12,7 +12,8 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 
-from modelplex import InferRequest, InferResponse, InstanceContext, InvalidInput, ModelContext, ModelInstance, Unavailable
+from modelplex import (InferRequest, InferResponse, InstanceContext, InvalidInput, ModelContext, ModelInstance,
+                       Unavailable)
 
 from .config import EngineConfig
 from .errors import EngineError

@@ -92,8 +92,8 @@ def add_routes(router, dataplane: DataPlane, limit: int) -> None:
     async def completions(request: Request):
         body = CompletionRequest.model_validate(await read_json(request, limit))
         prompt = body.text()
-        return await complete(dataplane, request.receive, body, {"text_input": prompt}, chat=False, logprobs=body.logprobs is not None,
-                              prefix=prompt if body.echo else "")
+        return await complete(dataplane, request.receive, body, {"text_input": prompt}, chat=False,
+                              logprobs=body.logprobs is not None, prefix=prompt if body.echo else "")
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
