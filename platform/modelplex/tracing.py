@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 from contextvars import ContextVar
@@ -22,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .errors import InvalidInput
+from .trace_spans import SpanRecorder
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class Tracing:
         self._global = _Sampler(self.config.level, self.config.rate, self.config.count)
         self._models: dict[str, dict] = {}  # model -> its overridden settings
         self._samplers: dict[str, _Sampler] = {}
-        self._provider = self._tracer = self._processor = self._scope = None
+        self._provider = self._tracer = self._recorder = None
         self.enabled = False
         self._refresh()
 
@@ -182,7 +182,7 @@ class Tracing:
         # calls `shutdown`, which does not.
         self._provider = TracerProvider(resource=Resource.create(c.resource), shutdown_on_exit=False)
         self._provider.add_span_processor(processor)
-        self._processor, self._scope = processor, InstrumentationScope("modelplex")
+        self._recorder = SpanRecorder(processor, self._provider.resource, InstrumentationScope("modelplex"))
         self._tracer = self._provider.get_tracer("modelplex")
         log.info("tracing on: OpenTelemetry export to %s", c.url if self._exporter is None else "the given exporter")
 
@@ -204,18 +204,18 @@ class Tracing:
     @contextlib.contextmanager
     def request_span(self, name: str, carrier: dict, attributes: dict):
         """A front door's server span around one sampled request, child of the client's `traceparent`."""
-        parent = _PROPAGATOR.extract(carrier) if carrier else None
+        remote = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context() if carrier else None
         token = active_trace.set(self)
         try:
-            with self._tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER,
-                                                    attributes=attributes) as span:
+            with self._recorder.current(name, remote or trace.INVALID_SPAN_CONTEXT, trace.SpanKind.SERVER,
+                                        attributes) as span:
                 yield span
         finally:
             active_trace.reset(token)
 
-    def span(self, name: str, attributes: dict | None = None):
+    def span(self, name: str, attributes: dict):
         """A child of the current span (a model, an ensemble step), current while it runs."""
-        return self._tracer.start_as_current_span(name, attributes=attributes)
+        return self._recorder.current(name, None, trace.SpanKind.INTERNAL, attributes)
 
     def stream_span(self, name: str, attributes: dict):
         """A streamed request's span (ended by the caller); `response_event` marks each response."""
@@ -229,26 +229,15 @@ class Tracing:
         span.add_event("response", {"index": index, "elapsed_ms": elapsed_ms})
 
     def phases(self, parent, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int) -> None:
-        """`queue` and `compute` spans under `parent` from perf-counter timestamps already taken.
-
-        They are finished when made, so they go straight to the export queue as `ReadableSpan`s:
-        the SDK's machinery for live spans (locks, sampler, context) costs ~4x as much for nothing.
-        """
-        from opentelemetry.sdk.trace import ReadableSpan
-
-        parent_context = parent.get_span_context()
+        """`queue` and `compute` spans under `parent` from perf-counter timestamps already taken."""
         # perf_counter_ns (what the request path measures) -> epoch ns (what OTLP carries), taken
         # now (the clocks drift apart) and kept inside the parent, which began on the epoch clock.
         offset = time.time_ns() - time.perf_counter_ns()
         floor = parent.start_time
-        for name, begin, end, attributes in (("queue", enqueue_ns, start_ns, {}),
-                                             ("compute", start_ns, end_ns, {"modelplex.batch_size": batch_size})):
-            context = trace.SpanContext(parent_context.trace_id, random.getrandbits(64) or 1, False,
-                                        parent_context.trace_flags)
-            self._processor.on_end(ReadableSpan(
-                name, context, parent_context, self._provider.resource, attributes, kind=trace.SpanKind.INTERNAL,
-                start_time=max(floor, begin + offset), end_time=max(floor, end + offset),
-                instrumentation_scope=self._scope))
+        record = self._recorder.finished
+        record("queue", parent.context, max(floor, enqueue_ns + offset), max(floor, start_ns + offset), {})
+        record("compute", parent.context, max(floor, start_ns + offset), max(floor, end_ns + offset),
+               {"modelplex.batch_size": batch_size})
 
 
 def headers_carrier(headers) -> dict:
