@@ -150,16 +150,34 @@ async def serve(settings: ServerConfig, port_file: Path | None = None) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    await server.start()
-    if port_file is not None:
-        tmp = port_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(server.ports))
-        tmp.replace(port_file)
-    print(f"modelplex serving: HTTP {server.ports.get('http')}, gRPC {server.ports.get('grpc')}, "
-          f"metrics {server.ports.get('metrics')}", flush=True)
-    await stop.wait()
-    if not await server.stop(force=force):
-        # A backend thread is still waiting on its work (e.g. a Python model inside a long execute);
-        # as Triton does after its exit timeout, leave without waiting for it at interpreter exit.
+    started = await _started(server, stop)
+    if started:
+        if port_file is not None:
+            tmp = port_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(server.ports))
+            tmp.replace(port_file)
+        print(f"modelplex serving: HTTP {server.ports.get('http')}, gRPC {server.ports.get('grpc')}, "
+              f"metrics {server.ports.get('metrics')}", flush=True)
+        await stop.wait()
+    if not await server.stop(force=force) or not started:
+        # A backend thread is still busy (a Python model inside a long execute, an instance still
+        # being created): as Triton does after its exit timeout, leave without waiting for it.
         logging.shutdown()
         os._exit(0)
+
+
+async def _started(server: Server, stop: asyncio.Event) -> bool:
+    """Starts `server`; False when a signal came first (models still loading: nothing is in flight yet,
+    so the start is abandoned rather than finished, which could take longer than the pod's grace)."""
+    starting = asyncio.create_task(server.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if starting.done():
+        starting.result()  # a failed start raises here
+        return True
+    log.info("signal received while starting: abandoning the start")
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    return False

@@ -166,3 +166,20 @@ def test_exit_timeout_bounds_the_drain(slow_repo):
         threads[0].join(30)
         assert 1.0 <= took < 12.0, f"exit {took:.1f}s after SIGTERM with --exit-timeout-secs 1:\n{s.log()}"
         assert isinstance(results["long"], Exception)
+
+
+def test_sigterm_while_models_load_exits_promptly(tmp_path):
+    """A pod scaled down while still loading must not sit out its whole grace period."""
+    (tmp_path / "slow_init" / "1").mkdir(parents=True)
+    (tmp_path / "slow_init" / "config.pbtxt").write_text(SLOW_CONFIG.replace('"slow"', '"slow_init"'))
+    (tmp_path / "slow_init" / "1" / "model.py").write_text(
+        "import time\n" + SLOW_MODEL.replace("    def execute", "    def initialize(self, args):\n"
+                                             "        time.sleep(60)\n\n    def execute"))
+    server = ServerProcess([tmp_path], "--exit-timeout-secs", "5", env=ENV, timeout=3)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not start"):
+        server.start()  # gives up after 3 s; its stop() sends the SIGTERM under test
+    took = time.monotonic() - started
+    assert server.proc.returncode == 0, server.log()
+    assert "abandoning the start" in server.log()
+    assert took < 3 + 10, f"{took:.1f}s: the server finished loading (60 s) before stopping"
