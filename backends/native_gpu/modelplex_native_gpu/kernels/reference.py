@@ -90,7 +90,8 @@ def prefix_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache
         else:
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=query.device)
             mask, is_causal = torch.arange(ctx_len, device=query.device)[None, :] <= q_pos[:, None], False
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                           enable_gqa=num_kv_heads != num_heads)
-        out[q_start:q_end] = o.transpose(0, 1)
+        # 4-D inputs: torch's CPU flash kernel handles them; 3-D ones fall back to the slow math path.
+        o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=is_causal,
+                                           scale=scale, enable_gqa=num_kv_heads != num_heads)
+        out[q_start:q_end] = o[0].transpose(0, 1)
     return out
