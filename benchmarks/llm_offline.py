@@ -127,7 +127,7 @@ def parse_args():
     p.add_argument("--peer-prompts", type=int, default=64)
     p.add_argument("--peer-gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--kv-gib", type=int, default=4)
+    p.add_argument("--kv-gib", type=int, default=1, help="KV-cache budget (a 4 GiB cache made every op ~30x slower here: unexplained)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--skip", default="", help="comma list of: variable,hf,peer,single")
