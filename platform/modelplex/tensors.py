@@ -1,6 +1,7 @@
 """KServe v2 request/response objects as the data plane sees them: numpy tensors, no transport."""
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,34 @@ NUMPY_TO_TRITON: dict[Any, str] = {np.dtype(v): k for k, v in TRITON_TO_NUMPY.it
 # config.pbtxt's DataType enum names ("TYPE_FP32") <-> protocol datatype names ("FP32").
 CONFIG_TO_TRITON = {"TYPE_" + k: k for k in TRITON_TO_NUMPY} | {"TYPE_STRING": "BYTES"}
 TRITON_TO_CONFIG = {v: k for k, v in CONFIG_TO_TRITON.items() if k != "TYPE_BYTES"}
+
+
+BYTES_LENGTH = struct.Struct("<I")
+
+
+def split_bytes_elements(name: str, raw, count: int) -> np.ndarray:
+    """Triton's BYTES wire format (HTTP binary data and gRPC raw contents alike): each element is a
+    little-endian uint32 length and that many bytes. Returns an object array of `count` bytes."""
+    end = len(raw)
+    if count * 4 > end:  # before allocating: a huge shape must not cost memory
+        raise InvalidInput(f"input '{name}': {end} bytes of binary data cannot hold the {count} BYTES elements "
+                           "its shape needs")
+    out = np.empty(count, dtype=np.object_)
+    offset = 0
+    for i in range(count):
+        if offset + 4 > end:
+            raise InvalidInput(f"input '{name}': binary BYTES data ends after {i} of {count} elements")
+        (length,) = BYTES_LENGTH.unpack_from(raw, offset)
+        offset += 4
+        if offset + length > end:
+            raise InvalidInput(f"input '{name}': BYTES element {i} is {length} bytes long but only "
+                               f"{end - offset} bytes remain")
+        out[i] = bytes(raw[offset:offset + length])
+        offset += length
+    if offset != end:
+        raise InvalidInput(f"input '{name}': {end - offset} bytes are left after the {count} BYTES elements "
+                           "its shape holds")
+    return out
 
 
 def datatype_of(array: np.ndarray) -> str:

@@ -136,9 +136,9 @@ def bad_requests():
     yield "negative dimension", raw_request(("X", "INT32", ints, ints.tobytes()))
     text = np.array([b"ab", b"cd"], dtype=np.object_)
     packed = serialize_byte_tensor(text).item()
-    yield "fewer than the 3 BYTES elements", raw_request(("S", "BYTES", np.empty(3, np.object_), packed))
-    yield "BYTES element 1 claims 2 bytes but only 1 remain", raw_request(("S", "BYTES", text, packed[:-1]))
-    yield "has 6 bytes beyond its 1 BYTES elements", raw_request(("S", "BYTES", text[:1], packed))
+    yield "binary BYTES data ends after 2 of 3 elements", raw_request(("S", "BYTES", np.empty(3, np.object_), packed))
+    yield "BYTES element 1 is 2 bytes long but only 1 bytes remain", raw_request(("S", "BYTES", text, packed[:-1]))
+    yield "6 bytes are left after the 1 BYTES elements", raw_request(("S", "BYTES", text[:1], packed))
 
 
 @pytest.mark.parametrize("expected, msg", list(bad_requests()), ids=lambda v: v if isinstance(v, str) else "")

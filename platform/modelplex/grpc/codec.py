@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import struct
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput, Unsupported
-from ..tensors import TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput
+from ..tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
+                       BYTES_LENGTH, split_bytes_elements)
 
 # The wire is little-endian; on a little-endian host these equal the native dtypes (no byte swapping).
 WIRE_DTYPES = {name: np.dtype(t).newbyteorder("<") for name, t in TRITON_TO_NUMPY.items() if name != "BYTES"}
@@ -27,7 +27,6 @@ CONTENTS_FIELD = {
     "BYTES": "bytes_contents",
 }
 
-_LENGTH = struct.Struct("<I")
 _INT64_MAX = 2**63 - 1
 
 
@@ -74,7 +73,7 @@ def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
 
 def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
     if datatype == "BYTES":
-        return _split_bytes(name, raw, count)
+        return split_bytes_elements(name, raw, count)
     dtype = WIRE_DTYPES.get(datatype)
     if dtype is None:
         raise InvalidInput(f"input '{name}' has unsupported datatype '{datatype}'")
@@ -83,26 +82,6 @@ def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
                            f"expecting {count * dtype.itemsize}")
     # A read-only view of the message's bytes: no copy on the hot path.
     return np.frombuffer(raw, dtype=dtype)
-
-
-def _split_bytes(name: str, raw: bytes, count: int) -> np.ndarray:
-    offset, end = 0, len(raw)
-    if count * 4 > end:  # before allocating: a huge shape must not cost memory
-        raise InvalidInput(f"input '{name}' holds fewer than the {count} BYTES elements its shape needs")
-    items = np.empty(count, dtype=np.object_)
-    for i in range(count):
-        if offset + 4 > end:
-            raise InvalidInput(f"input '{name}' holds fewer than the {count} BYTES elements its shape needs")
-        (size,) = _LENGTH.unpack_from(raw, offset)
-        offset += 4
-        if offset + size > end:
-            raise InvalidInput(f"input '{name}': BYTES element {i} claims {size} bytes but only "
-                               f"{end - offset} remain")
-        items[i] = raw[offset:offset + size]
-        offset += size
-    if offset != end:
-        raise InvalidInput(f"input '{name}' has {end - offset} bytes beyond its {count} BYTES elements")
-    return items
 
 
 def _from_contents(name: str, datatype: str, contents: pb.InferTensorContents, count: int) -> np.ndarray:
@@ -157,7 +136,7 @@ def _join_bytes(data: np.ndarray) -> bytes:
         # Same rule as tritonclient's serialize_byte_tensor: bytes as they are, anything else as UTF-8 text.
         if not isinstance(item, bytes):
             item = item.encode() if isinstance(item, str) else str(item).encode()
-        parts.append(_LENGTH.pack(len(item)))
+        parts.append(BYTES_LENGTH.pack(len(item)))
         parts.append(item)
     return b"".join(parts)
 

@@ -6,16 +6,15 @@ back as binary when `binary_data` (per output) or `binary_data_output` (per requ
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
 
 from ..errors import InternalError, InvalidInput
-from ..tensors import TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput
+from ..tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
+                       BYTES_LENGTH, split_bytes_elements)
 
-_U32 = struct.Struct("<I")
 # Little-endian dtypes as the wire carries them (BYTES has its own length-prefixed format).
 _WIRE_DTYPES = {k: np.dtype(v).newbyteorder("<") for k, v in TRITON_TO_NUMPY.items() if k != "BYTES"}
 # numpy kinds a JSON `data` list may infer to for each datatype; anything else is the wrong type.
@@ -117,36 +116,12 @@ def _decode_input(item, view: memoryview, offset: int, size: int) -> tuple[Infer
 
 def _from_binary(name: str, datatype: str, chunk: memoryview, count: int) -> np.ndarray:
     if datatype == "BYTES":
-        return _bytes_elements(name, chunk, count)
+        return split_bytes_elements(name, chunk, count)
     dtype = _WIRE_DTYPES[datatype]
     if len(chunk) != count * dtype.itemsize:
         raise InvalidInput(f"input '{name}': binary_data_size is {len(chunk)} bytes but shape and datatype "
                            f"{datatype} need {count * dtype.itemsize}")
     return np.frombuffer(chunk, dtype=dtype)
-
-
-def _bytes_elements(name: str, chunk: memoryview, count: int) -> np.ndarray:
-    """Triton's BYTES wire format: each element is a little-endian uint32 length and that many bytes."""
-    end = len(chunk)
-    if count * 4 > end:  # before allocating: a huge shape must not cost memory
-        raise InvalidInput(f"input '{name}': {end} bytes of binary data cannot hold the {count} BYTES elements "
-                           "its shape needs")
-    out = np.empty(count, dtype=np.object_)
-    offset = 0
-    for i in range(count):
-        if offset + 4 > end:
-            raise InvalidInput(f"input '{name}': binary BYTES data ends after {i} of {count} elements")
-        (length,) = _U32.unpack_from(chunk, offset)
-        offset += 4
-        if offset + length > end:
-            raise InvalidInput(f"input '{name}': BYTES element {i} is {length} bytes long but only "
-                               f"{end - offset} bytes remain")
-        out[i] = bytes(chunk[offset:offset + length])
-        offset += length
-    if offset != end:
-        raise InvalidInput(f"input '{name}': {end - offset} bytes are left after the {count} BYTES elements "
-                           "its shape holds")
-    return out
 
 
 def _from_json(name: str, datatype: str, data, count: int) -> np.ndarray:
@@ -284,7 +259,7 @@ def _to_binary(tensor: InferTensor) -> bytes:
         parts = []
         for x in np.asarray(tensor.data).flat:
             b = x.encode() if isinstance(x, str) else bytes(x)
-            parts += (_U32.pack(len(b)), b)
+            parts += (BYTES_LENGTH.pack(len(b)), b)
         return b"".join(parts)
     return np.ascontiguousarray(tensor.data, dtype=_WIRE_DTYPES[tensor.datatype]).tobytes()
 
