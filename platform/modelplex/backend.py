@@ -80,6 +80,22 @@ class ModelInstance(ABC):
     async def close(self) -> None:
         """Release sessions, threads, device memory. Called once, after the last request."""
 
+    # ---- LoRA adapters (optional; see modelplex/adapters.py for the host's side) ---------------
+    # The host validates names and confines paths before calling these; a request picks an adapter
+    # with the request parameter `lora` (the host has already checked it is loaded).
+    async def load_adapter(self, name: str, path: Path) -> None:
+        """Make adapter `name` (the folder `path`) usable. Raise InvalidInput with the reason for a
+        bad adapter, leaving nothing loaded; off the event loop for slow work."""
+        raise Unsupported("its backend does not serve LoRA adapters")
+
+    async def unload_adapter(self, name: str) -> None:
+        """Refuse new requests for `name`, wait until its running requests finish, then free it."""
+        raise Unsupported("its backend does not serve LoRA adapters")
+
+    def list_adapters(self) -> list[dict]:
+        """One dict per loaded adapter: at least `name`, `source` (the path) and `state`."""
+        return []
+
 
 @dataclass(frozen=True)
 class BackendSpec:

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--unload-timeout-secs", type=float, default=30.0)
     s.add_argument("--exit-timeout-secs", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, how long in-flight requests and streams may run before the exit")
+    s.add_argument("--lora-adapter-root", action="append", default=[], type=Path, metavar="DIR",
+                   help="a folder LoRA adapters may be loaded from through the adapter APIs, besides each "
+                        "model's own adapters/ folder (repeatable)")
     add_security_arguments(s)
     s.add_argument("--port-file", type=Path, help="write the bound ports as JSON here once serving")
     s.add_argument("--log-verbose", type=int, default=0)
@@ -134,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,
         grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format,
-        exit_timeout_secs=args.exit_timeout_secs, security=security_config(parser, args))
+        exit_timeout_secs=args.exit_timeout_secs, lora_adapter_roots=args.lora_adapter_root,
+        security=security_config(parser, args))
     from .server import serve
 
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 from typing import AsyncIterator
 
 from . import __version__
+from .adapters import LORA_PARAMETER, AdapterSource, resolve_folder
+from .repository import check_name
 from .errors import InvalidInput, NotFound, Unavailable, Unsupported
 from .logging_setup import bind_request
 from .manager import ModelManager
@@ -64,6 +66,8 @@ class DataPlane:
             raise Unavailable("server is shutting down")
         bind_request(request)
         mv = self.manager.get(request.model_name, request.model_version)
+        if LORA_PARAMETER in request.parameters:
+            mv.adapters.check(request.parameters[LORA_PARAMETER])
         if mv.decoupled:
             raise InvalidInput(f"model '{mv.name}' is decoupled: use a streaming API (ModelStreamInfer, generate_stream)")
         response = await mv.infer(request)
@@ -77,6 +81,8 @@ class DataPlane:
             raise Unavailable("server is shutting down")
         bind_request(request)
         mv = self.manager.get(request.model_name, request.model_version)
+        if LORA_PARAMETER in request.parameters:
+            mv.adapters.check(request.parameters[LORA_PARAMETER])
         wanted = {o.name for o in request.outputs}
         if not mv.decoupled:
             response = await self.infer(request)
@@ -117,3 +123,42 @@ class DataPlane:
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self._check_model_control()
         await self.manager.unload(name, unload_dependents)
+
+    # ---- LoRA adapters (applied to every instance of the model's ready version) --------------
+    async def load_adapter(self, model: str, name: str, source: str | None = None) -> None:
+        """Load adapter `name` from folder `source` (absolute; None: `<model>/adapters/<name>/`).
+
+        Allowed in every model control mode: adapters change what a loaded model serves, not which
+        models are loaded. Bad input is InvalidInput and leaves nothing loaded.
+        """
+        entry = self._entry(model)
+        async with entry.lock:
+            mv = self.manager.get(model)
+            mv.adapters.require_support()
+            path = resolve_folder(name, source, mv.ctx.model_path, self.settings.lora_adapter_roots)
+            self.manager.check_adapter_name(name, model)
+            await mv.adapters.load(AdapterSource(name, path, "dynamic"))
+
+    async def unload_adapter(self, model: str, name: str) -> None:
+        """New requests for the adapter are refused at once; returns once its running requests finished."""
+        check_name(name, "adapter name")
+        entry = self._entry(model)
+        async with entry.lock:
+            await self.manager.get(model).adapters.unload(name)
+
+    def serves_adapters(self, model: str) -> bool:
+        return self.manager.get(model).adapters.supported
+
+    def list_adapters(self, model: str) -> list[dict]:
+        return self.manager.get(model).adapters.rows()
+
+    def adapter_model(self, adapter: str) -> str | None:
+        """The model serving adapter `adapter` (None when no ready model does)."""
+        mv = self.manager.find_adapter(adapter)
+        return None if mv is None else mv.name
+
+    def _entry(self, model: str):
+        entry = self.manager.entries.get(model)
+        if entry is None:
+            raise NotFound(f"model '{model}' is not found")
+        return entry

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import model_config as mc
+from .adapters import AdapterSource, static_sources
 from .backend import BackendSpec, ModelContext
 from .errors import InvalidInput, ModelplexError, NotFound, Unavailable
 from .model_version import ModelState, ModelVersion
@@ -294,7 +295,39 @@ class ModelManager:
     def _new_version(self, name, version, location, config, spec, fingerprint) -> ModelVersion:
         ctx = self._context(name, version, location, config)
         stats = ModelStats(name, str(version))
-        return ModelVersion(ctx, spec, stats, fingerprint)
+        return ModelVersion(ctx, spec, stats, fingerprint, self._adapter_sources(ctx))
+
+    # ---- LoRA adapters: names unique across models, dynamic ones kept over a reload ------------
+    def _adapter_sources(self, ctx: ModelContext) -> list[AdapterSource]:
+        """Static adapters of a new version, then the dynamic ones its ready predecessor serves."""
+        sources = static_sources(ctx, self.settings.lora_adapter_roots)
+        for source in sources:
+            self.check_adapter_name(source.name, ctx.name)
+        names = {s.name for s in sources}
+        entry = self.entries.get(ctx.name)
+        ready = [mv for mv in entry.versions.values() if mv.is_ready] if entry else []
+        if ready:
+            current = max(ready, key=lambda mv: mv.version)
+            sources += [s for s in current.adapters.sources.values() if s.origin == "dynamic" and s.name not in names]
+        return sources
+
+    def check_adapter_name(self, adapter: str, model: str) -> None:
+        """An adapter's name must not be a model's, nor another model's adapter (the OpenAI `model`
+        field names either)."""
+        if adapter in self.entries or adapter in self._known():
+            raise InvalidInput(f"adapter name '{adapter}' is the name of a model")
+        owner = self.find_adapter(adapter)
+        if owner is not None and owner.name != model:
+            raise InvalidInput(f"adapter '{adapter}' is already served by model '{owner.name}' (adapter names are "
+                               "unique across models)")
+
+    def find_adapter(self, adapter: str) -> ModelVersion | None:
+        """The ready model version serving adapter `adapter`, if any."""
+        for entry in list(self.entries.values()):
+            for mv in list(entry.versions.values()):
+                if mv.is_ready and adapter in mv.adapters.sources:
+                    return mv
+        return None
 
     async def _retire(self, mv: ModelVersion) -> None:
         await mv.unload(self.settings.unload_timeout_secs)

@@ -7,6 +7,7 @@ import logging
 import time
 from typing import AsyncIterator
 
+from .adapters import AdapterSource, ModelAdapters, load_sources
 from .backend import BackendSpec, InstanceContext, ModelContext, ModelInstance
 from .batching import DynamicBatcher
 from .errors import InternalError, ModelplexError, Unavailable
@@ -34,13 +35,16 @@ class ModelVersion:
     counts requests admitted and not yet finished.
     """
 
-    def __init__(self, ctx: ModelContext, spec: BackendSpec, stats: ModelStats, fingerprint: str):
+    def __init__(self, ctx: ModelContext, spec: BackendSpec, stats: ModelStats, fingerprint: str,
+                 adapters: list[AdapterSource] = ()):
         self.ctx, self.spec, self.stats, self.fingerprint = ctx, spec, stats, fingerprint
         self.name, self.version = ctx.name, ctx.version
         self.config = ctx.config
         self.state = ModelState.LOADING
         self.reason = ""
         self.instances: list[ModelInstance] = []
+        self.adapters = ModelAdapters(self.name, self.instances)
+        self._initial_adapters = list(adapters)
         self.validator = RequestValidator(ctx.config)
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         self.inflight = 0
@@ -61,6 +65,12 @@ class ModelVersion:
             slots = getattr(instance, "max_concurrency", None) or self.spec.max_concurrency_per_instance
             for _ in range(max(1, slots)):
                 self._idle.put_nowait(instance)
+        if self._initial_adapters:
+            try:
+                await load_sources(self.adapters, self._initial_adapters)
+            except BaseException:
+                await self.unload(0)  # a failed load leaves no engine running
+                raise
         if self.batcher is not None:
             self.batcher.start(len(self.instances))
         self.stats.load_seconds = time.perf_counter() - start
@@ -221,4 +231,5 @@ class ModelVersion:
             except Exception:  # noqa: BLE001 - a failing close must not stop the unload
                 log.exception("model %s version %s: close failed", self.name, self.version)
         self.instances.clear()
+        self.adapters.sources.clear()
         self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"

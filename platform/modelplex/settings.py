@@ -45,6 +45,8 @@ class ServerConfig:
     unload_timeout_secs: float = 30.0
     exit_timeout_secs: float = 30.0  # how long a stop waits for in-flight requests and streams
     load_file_max_bytes: int = 512 * 1024 * 1024
+    # Folders LoRA adapters may be loaded from (besides each model's own adapters/ folder).
+    lora_adapter_roots: list[Path] = field(default_factory=list)
     server_id: str = "modelplex"
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config
     log_format: str = "text"  # --log-format text | json

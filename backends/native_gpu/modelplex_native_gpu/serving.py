@@ -12,8 +12,8 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 
-from modelplex import (InferRequest, InferResponse, InstanceContext, InvalidInput, ModelContext, ModelInstance,
-                       Unavailable)
+from modelplex import (LORA_MODULES_PARAMETER, InferRequest, InferResponse, InstanceContext, InvalidInput,
+                       ModelContext, ModelInstance, Unavailable)
 
 from .config import EngineConfig
 from .errors import EngineError
@@ -38,7 +38,7 @@ def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
     settings = {}
     for key, value in ctx.parameters.items():
-        if key == QUEUE_SIZE_PARAMETER:
+        if key in (QUEUE_SIZE_PARAMETER, LORA_MODULES_PARAMETER):  # read by the instance and the host
             continue
         if key not in fields:
             known = sorted(fields | {QUEUE_SIZE_PARAMETER})

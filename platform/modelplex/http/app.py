@@ -7,6 +7,7 @@ from ..dataplane import DataPlane
 from ..settings import ServerConfig
 from ..openai import create_openai_router
 from ..status_page import create_status_router
+from .adapter_routes import create_adapter_router
 from .errors import install_error_handlers
 from .generate import create_generate_router
 from .infer import INFER_PATH, InferEndpoint
@@ -39,6 +40,7 @@ class FrontDoor:
 def create_http_app(dataplane: DataPlane, settings: ServerConfig, pm=None) -> FrontDoor:
     app = FastAPI(title="modelplex", openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    app.include_router(create_adapter_router(dataplane))  # before create_router's `{name:path}/load`
     app.include_router(create_router(dataplane, settings))
     app.include_router(create_observability_router(dataplane))
     app.include_router(create_status_router())

@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 from fastapi import Request
 
+from ..adapters import LORA_PARAMETER
 from ..dataplane import DataPlane
 from ..errors import ModelplexError
 from ..http.body import read_body
@@ -17,7 +18,7 @@ from ..http.routes import json_response
 from ..http.sse import first_and_rest, relay, sse_event, sse_response, until_disconnected
 from ..tensors import InferRequest, InferTensor
 from .errors import RequestError, describe, with_param
-from .models import require_llm
+from .models import require_llm, resolve_model
 from .responses import Completion
 from .schemas import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
@@ -36,21 +37,22 @@ async def read_json(request: Request, limit: int) -> dict:
     return data
 
 
-def infer_request(dataplane: DataPlane, model: str, inputs: dict[str, str]) -> InferRequest:
+def infer_request(dataplane: DataPlane, model: str, inputs: dict[str, str], adapter: str | None = None) -> InferRequest:
     """BYTES tensors of one element each (with a batch dimension if the model batches)."""
     shape = (1, 1) if dataplane.model_config(model).max_batch_size > 0 else (1,)
     tensors = [InferTensor.from_numpy(name, np.array([value.encode()], dtype=np.object_).reshape(shape))
                for name, value in inputs.items()]
-    return InferRequest(model, tensors)
+    return InferRequest(model, tensors, parameters={LORA_PARAMETER: adapter} if adapter else {})
 
 
 async def complete(dataplane: DataPlane, receive, body: SamplingRequest, inputs: dict[str, str], chat: bool,
                    logprobs: bool, prefix: str = ""):
     """Run one (chat) completion: a JSON answer, or an SSE stream when `body.stream`. Until the answer
     (or the stream's first chunk) is ready, a client that disconnects cancels it."""
-    require_llm(dataplane, body.model)
+    model, adapter = resolve_model(dataplane, body.model)  # an adapter's name runs its base model
+    require_llm(dataplane, model)
     sampling = body.sampling()
-    request = infer_request(dataplane, body.model, {**inputs, "sampling_parameters": json.dumps(sampling)})
+    request = infer_request(dataplane, model, {**inputs, "sampling_parameters": json.dumps(sampling)}, adapter)
     completion = Completion(body.model, chat, body.n, prefix)
     try:
         if not body.stream:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dataplane import DataPlane
-from ..errors import NotFound
+from ..errors import NotFound, Unavailable
 from .errors import RequestError
 
 
@@ -50,6 +50,28 @@ def require_embedding_model(dataplane: DataPlane, name: str) -> EmbeddingModel:
     if model is None:
         raise RequestError("model", f"model '{name}' is not an embedding model (one BYTES input, an FP32 output)")
     return model
+
+
+def resolve_model(dataplane: DataPlane, name: str) -> tuple[str, str | None]:
+    """The OpenAI `model` field as (model, adapter): a model's name, or a LoRA adapter's name, which
+    runs its base model with that adapter. Neither: NotFound (404)."""
+    if name in dataplane.manager.entries:
+        return name, None
+    model = dataplane.adapter_model(name)
+    if model is None:
+        raise NotFound(f"model '{name}' is not found")
+    return model, name
+
+
+def listed_adapters(dataplane: DataPlane, models: list[str]) -> list[tuple[str, str]]:
+    """(adapter, base model) of every adapter the listed models serve."""
+    found = []
+    for model in models:
+        try:
+            found += [(row["name"], model) for row in dataplane.list_adapters(model)]
+        except (NotFound, Unavailable):  # unloaded since the index was read
+            continue
+    return found
 
 
 def listed_models(dataplane: DataPlane) -> list[str]:

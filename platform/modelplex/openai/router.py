@@ -8,9 +8,9 @@ from fastapi import APIRouter
 from ..dataplane import DataPlane
 from ..errors import NotFound
 from ..http.routes import json_response
-from . import completions, embeddings
+from . import completions, embeddings, lora
 from .errors import OpenAIRoute
-from .models import listed_models
+from .models import listed_adapters, listed_models
 
 
 def create_openai_router(dataplane: DataPlane) -> APIRouter:
@@ -18,19 +18,27 @@ def create_openai_router(dataplane: DataPlane) -> APIRouter:
     limit = dataplane.settings.http_max_body_bytes
     created = int(time.time())
 
-    def card(name: str) -> dict:
-        return {"id": name, "object": "model", "created": created, "owned_by": "modelplex"}
+    def card(name: str, parent: str | None = None) -> dict:
+        # vLLM's card: a LoRA adapter is a model whose `parent` is its base model.
+        return {"id": name, "object": "model", "created": created, "owned_by": "modelplex", "root": name,
+                "parent": parent}
+
+    def cards() -> list[dict]:
+        models = listed_models(dataplane)
+        return [card(name) for name in models] + [card(a, m) for a, m in listed_adapters(dataplane, models)]
 
     @router.get("/v1/models")
     async def models():
-        return json_response({"object": "list", "data": [card(name) for name in listed_models(dataplane)]})
+        return json_response({"object": "list", "data": cards()})
 
     @router.get("/v1/models/{model:path}")
     async def model(model: str):
-        if model not in listed_models(dataplane):
-            raise NotFound(f"model '{model}' is not found")
-        return json_response(card(model))
+        for found in cards():
+            if found["id"] == model:
+                return json_response(found)
+        raise NotFound(f"model '{model}' is not found")
 
     completions.add_routes(router, dataplane, limit)
     embeddings.add_routes(router, dataplane, limit)
+    lora.add_routes(router, dataplane, limit)
     return router
