@@ -16,7 +16,7 @@ GOOD = {
     "auto_fallback": openvino_config(device="AUTO:GPU,CPU", INFERENCE_PRECISION_HINT="f32"),
     "auto_plain": openvino_config(device="AUTO"),
     "triton_parameters": openvino_config(TARGET_DEVICE="cpu", PERFORMANCE_HINT="throughput", NUM_STREAMS="2",
-                                         HINT_BF16="YES", INFERENCE_NUM_THREADS="2", RESHAPE_IO_LAYERS="YES"),
+                                         INFERENCE_NUM_THREADS="2", RESHAPE_IO_LAYERS="YES"),
     "cached": openvino_config(cache_dir="ov_cache", INFERENCE_PRECISION_HINT="fp32"),
 }
 # OpenVINO's CPU default precision is bf16 where the CPU has it (3 significant digits).
@@ -36,6 +36,13 @@ BAD = {
     "bad_streams": (openvino_config(NUM_STREAMS="many"), ["NUM_STREAMS", "'many'"]),
     "no_bin": (openvino_config(), ["model.bin is missing next to model.xml"]),
     "garbage_xml": (openvino_config(), ["OpenVINO cannot read model.xml"]),
+    # A partial config is completed from the IR (auto-complete), a full one is checked by the instance:
+    # both by the host's rules, and both name the model's format as OpenVINO.
+    "wrong_type": (openvino_config() + 'input [ { name: "x" data_type: TYPE_INT32 dims: [ 4 ] } ]\n',
+                   ["input 'x' has data_type TYPE_INT32 in config.pbtxt but TYPE_FP32 in the OpenVINO model"]),
+    "unknown_input": (openvino_config() + 'max_batch_size: 4\ninput [ { name: "z" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                      'output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]\n',
+                      ["input 'z' is not an input of the OpenVINO model (its inputs: x)"]),
 }
 
 
@@ -53,6 +60,7 @@ def repo(tmp_path_factory) -> Path:
     for name, (config, _) in BAD.items():
         write_ir(repo, name, config)
     write_ir(repo, "precision_f16", openvino_config(INFERENCE_PRECISION_HINT="f16"))
+    write_ir(repo, "hint_bf16", openvino_config(HINT_BF16="YES"))  # Triton's spelling of bf16
     (repo / "no_bin" / "1" / "model.bin").unlink()
     (repo / "garbage_xml" / "1" / "model.xml").write_text("<net><layers>")
     write_text_models(repo)
@@ -98,12 +106,14 @@ def test_bad_models_fail_with_the_reason(server, model):
     assert not client(server, "http").is_model_ready(model)
 
 
-def test_f16_only_where_the_cpu_computes_in_it(server):
-    row = repository_index(server)["precision_f16"]
-    if "FP16" in _cpu_capabilities():
+@pytest.mark.parametrize("model, precision", [("precision_f16", "f16"), ("hint_bf16", "bf16")])
+def test_half_precisions_only_where_the_cpu_computes_in_them(server, model, precision):
+    row = repository_index(server)[model]
+    if precision.upper() in _cpu_capabilities():
         assert row["state"] == "READY"
-    else:  # OpenVINO would silently run bf16 instead
-        assert row["state"] == "UNAVAILABLE" and "cannot infer in f16" in row["reason"], row["reason"]
+        np.testing.assert_allclose(infer(server, "grpc", model, {"x": X}).as_numpy("y"), expected_linear(X), rtol=1e-2)
+    else:  # OpenVINO would silently run another precision instead (f16 as bf16, bf16 as f32)
+        assert row["state"] == "UNAVAILABLE" and f"cannot infer in {precision}" in row["reason"], row["reason"]
 
 
 def test_auto_complete_from_the_ir_and_from_onnx(server):

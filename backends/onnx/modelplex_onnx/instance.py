@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
                        ModelInstance)
+from modelplex.config_completion import check_config
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
-from .config_check import check_config
 from .session import create_session
-from .signature import session_signature
+from .signature import MODEL_FORMAT, session_signature
 
 
 # Handing a run to the instance thread and back costs ~40-130 us here (two thread wake-ups), ten
@@ -43,7 +43,7 @@ class OnnxInstance(ModelInstance):
         self.model_name = ictx.model.name
         self.session = create_session(ictx)
         inputs, outputs = session_signature(self.session)
-        check_config(config, inputs, outputs)
+        check_config(config, inputs, outputs, MODEL_FORMAT)
         self.max_batch_size = config.max_batch_size
         self._string_inputs = frozenset(s.name for s in inputs if s.datatype == "BYTES")
         model_outputs = {s.name: s for s in outputs}

@@ -1,7 +1,9 @@
 """What an ONNX model declares: its inputs and outputs with Triton datatypes and dims (-1 = dynamic)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from modelplex.config_completion import TensorSignature
+
+MODEL_FORMAT = "ONNX"  # how messages name the model file's format
 
 # ONNX Runtime's type strings -> Triton datatypes. BF16 and the float8 types have no numpy dtype here.
 ORT_TO_TRITON = {
@@ -21,20 +23,6 @@ ORT_TO_TRITON = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class TensorSignature:
-    """One model input or output. `dims` is the model's full shape, batch dimension included."""
-
-    name: str
-    ort_type: str
-    dims: tuple[int, ...]
-
-    @property
-    def datatype(self) -> str:
-        """The Triton datatype, or "" when modelplex cannot carry this ONNX type."""
-        return ORT_TO_TRITON.get(self.ort_type, "")
-
-
 def _dims(shape) -> tuple[int, ...]:
     # ORT reports a dynamic dimension as None or as its symbolic name (a str).
     return tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape)
@@ -43,7 +31,7 @@ def _dims(shape) -> tuple[int, ...]:
 def session_signature(session) -> tuple[list[TensorSignature], list[TensorSignature]]:
     """(inputs, outputs) of an `onnxruntime.InferenceSession`, in the model's order."""
     def convert(args):
-        return [TensorSignature(a.name, a.type, _dims(a.shape)) for a in args]
+        return [TensorSignature(a.name, ORT_TO_TRITON.get(a.type, ""), _dims(a.shape), a.type) for a in args]
 
     return convert(session.get_inputs()), convert(session.get_outputs())
 

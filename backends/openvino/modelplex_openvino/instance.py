@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
                        ModelInstance)
-from modelplex_onnx.config_check import check_config
+from modelplex.config_completion import check_config
 
 from .batch import merge_requests, split_response
 from .devices import configured_device, select_device, shared_core
 from .properties import check_precision, compile_properties, is_yes
-from .signature import model_signature, openvino_reason, read_model
+from .signature import MODEL_FORMAT, model_signature, openvino_reason, read_model
 from .static_shapes import make_static, needs_static_shapes, reshape_to_config
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def compile_model(ictx: InstanceContext):
     check_precision(properties.get("INFERENCE_PRECISION_HINT", ""), device, core, ctx.name)
     model = read_model(core, ctx)
     inputs, outputs = model_signature(model, ctx.name)
-    check_config(config, inputs, outputs)
+    check_config(config, inputs, outputs, MODEL_FORMAT)
     if needs_static_shapes(device):
         make_static(model, config, f"device {device}")
     elif is_yes(ctx.parameters, "RESHAPE_IO_LAYERS"):

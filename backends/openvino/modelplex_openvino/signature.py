@@ -1,28 +1,29 @@
-"""What an OpenVINO model declares: its inputs and outputs as the ONNX backend's `TensorSignature`s,
-so the config completion and checks are the ONNX backend's own (Triton's rules for both)."""
+"""What an OpenVINO model declares: its inputs and outputs as `TensorSignature`s, for the host's
+config completion and checks (`modelplex.config_completion`, Triton's rules)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from modelplex import InvalidInput, ModelContext
-from modelplex_onnx.signature import TensorSignature
+from modelplex.config_completion import TensorSignature
 
-# OpenVINO element type names -> the ONNX type names `TensorSignature` speaks (the ONNX frontend maps
-# them one to one). Types left out (bf16, u4, f8...) stay unservable, as in the ONNX backend.
-OV_TO_ONNX_TYPE = {
-    "boolean": "tensor(bool)",
-    "u8": "tensor(uint8)",
-    "u16": "tensor(uint16)",
-    "u32": "tensor(uint32)",
-    "u64": "tensor(uint64)",
-    "i8": "tensor(int8)",
-    "i16": "tensor(int16)",
-    "i32": "tensor(int32)",
-    "i64": "tensor(int64)",
-    "f16": "tensor(float16)",
-    "f32": "tensor(float)",
-    "f64": "tensor(double)",
-    "string": "tensor(string)",  # openvino_tokenizers' text in and out
+MODEL_FORMAT = "OpenVINO"  # how messages name the model file's format
+# OpenVINO element type names -> Triton datatypes. Types left out (bf16, u4, f8...) have no numpy
+# dtype here, so they stay unservable, as in the ONNX backend.
+OV_TO_TRITON = {
+    "boolean": "BOOL",
+    "u8": "UINT8",
+    "u16": "UINT16",
+    "u32": "UINT32",
+    "u64": "UINT64",
+    "i8": "INT8",
+    "i16": "INT16",
+    "i32": "INT32",
+    "i64": "INT64",
+    "f16": "FP16",
+    "f32": "FP32",
+    "f64": "FP64",
+    "string": "BYTES",  # openvino_tokenizers' text in and out
 }
 
 
@@ -67,7 +68,7 @@ def _signature(port, model_name: str) -> TensorSignature:
                            "config.pbtxt cannot express")
     element = port.get_element_type().get_type_name()
     dims = tuple(d.get_length() if d.is_static else -1 for d in shape)
-    return TensorSignature(port.get_any_name(), OV_TO_ONNX_TYPE.get(element, f"openvino {element}"), dims)
+    return TensorSignature(port.get_any_name(), OV_TO_TRITON.get(element, ""), dims, element)
 
 
 def model_signature(model, model_name: str) -> tuple[list[TensorSignature], list[TensorSignature]]:
