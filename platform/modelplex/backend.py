@@ -77,6 +77,12 @@ class ModelInstance(ABC):
     def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         raise Unsupported("this model does not stream responses")
 
+    def engine_stats(self) -> dict | None:
+        """Occupancy of an instance that schedules requests itself (an LLM engine): e.g. running
+        and waiting requests, free KV-cache blocks. None (the default): not such an engine.
+        Called from any thread (HTTP routes, metric scrapes); must not block on a running step."""
+        return None
+
     async def close(self) -> None:
         """Release sessions, threads, device memory. Called once, after the last request."""
 

@@ -1,7 +1,7 @@
 """The one request path. HTTP, gRPC and every other front door translate to and from these calls."""
 from __future__ import annotations
 
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 from . import __version__
 from .adapters import LORA_PARAMETER, AdapterSource, resolve_folder
@@ -12,6 +12,9 @@ from .manager import ModelManager
 from .settings import ServerConfig
 from .tensors import InferRequest, InferResponse
 from .tracing import Tracing
+
+if TYPE_CHECKING:
+    from .backend import ModelInstance
 
 # Only what is implemented: clients probe these before using an extension.
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy",
@@ -106,6 +109,21 @@ class DataPlane:
         else:
             versions = [mv for e in self.manager.entries.values() for mv in e.versions.values() if mv.is_ready]
         return {"model_stats": [mv.stats.to_dict() for mv in sorted(versions, key=lambda m: (m.name, m.version))]}
+
+    def engine_stats(self, name: str, version: str = "") -> list[dict]:
+        """Each instance's engine occupancy (`ModelInstance.engine_stats`) of a ready version;
+        empty for a model whose instances are not engines."""
+        stats = (instance.engine_stats() for instance in self.manager.get(name, version).instances)
+        return [s for s in stats if s is not None]
+
+    def ready_instances(self) -> Iterator[tuple[str, str, ModelInstance]]:
+        """(model, version, instance) for every instance of every ready version: what a plugin's
+        metric collector reads at scrape time (from the metrics thread)."""
+        for entry in list(self.manager.entries.values()):
+            for mv in list(entry.versions.values()):
+                if mv.is_ready:
+                    for instance in list(mv.instances):
+                        yield mv.name, str(mv.version), instance
 
     def repository_index(self, ready_only: bool = False) -> list[dict]:
         return self.manager.index(ready_only)

@@ -6,6 +6,7 @@ live on a `CollectorRegistry` owned by the server instance and are appended to t
 """
 from __future__ import annotations
 
+import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterable
@@ -13,6 +14,8 @@ from typing import Callable, Iterable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .stats import ModelStats
+
+log = logging.getLogger(__name__)
 
 # (name, type, help, value of one model version's stats)
 _FAMILIES: list[tuple[str, str, str, Callable[[ModelStats], float]]] = [
@@ -62,6 +65,17 @@ def triton_metrics_text(all_stats: Iterable[ModelStats]) -> str:
             count = s.failures.get(reason, 0)
             lines.append(f"{name}{_labels({'model': s.name, 'reason': reason, 'version': s.version})} {float(count)}")
     return "\n".join(lines) + "\n"
+
+
+def register_plugin_collectors(pm, dataplane, registry: CollectorRegistry) -> None:
+    """Put every plugin's `modelplex_metric_collectors` on this server's registry; a collector
+    whose family names are already taken is logged and skipped (the one registered before keeps them)."""
+    for collectors in pm.hook.modelplex_metric_collectors(dataplane=dataplane):
+        for collector in collectors or ():
+            try:
+                registry.register(collector)
+            except ValueError as exc:  # prometheus_client: "Duplicated timeseries in CollectorRegistry"
+                log.warning("metric collector %r is skipped: %s", collector, exc)
 
 
 class CpuMetrics:

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from .dataplane import DataPlane
 from .manager import ModelManager
-from .metrics import MetricsServer
+from .metrics import MetricsServer, register_plugin_collectors
 from .plugins import collect_backends, create_plugin_manager
 from .settings import ServerConfig
 
@@ -43,6 +43,7 @@ class Server:
         self.registry = CollectorRegistry()  # this instance's own; never the global one
         self.dataplane = DataPlane(settings, self.manager)
         self.manager.dataplane = self.dataplane  # ensembles call their steps through it
+        register_plugin_collectors(self.pm, self.dataplane, self.registry)
         self.ports: dict[str, int] = {}
         self._http = self._grpc = self._metrics_httpd = None
         self._http_task: asyncio.Task | None = None

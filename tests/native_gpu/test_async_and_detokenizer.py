@@ -1,5 +1,6 @@
 """AsyncLLMEngine streams and incremental detokenization of multi-byte characters."""
 import asyncio
+import time
 
 import pytest
 
@@ -8,6 +9,7 @@ from modelplex_native_gpu.engine.detokenizer import IncrementalDetokenizer
 from modelplex_native_gpu.engine.sampling_params import SamplingParams
 from modelplex_native_gpu.errors import InvalidRequestError
 
+STEP_SECONDS = 0.3
 TEXT = "Café au lait, naïve 日本語 and emoji 🙂👍🏽 done."
 
 
@@ -64,5 +66,54 @@ def test_leaving_a_stream_early_aborts_and_bad_input_raises(async_engine):
             await collect(async_engine, "bad", "hi", {"top_p": 2.0})
 
     asyncio.run(main())
-    assert not async_engine.engine.is_active("early")
+    wait_until(lambda: not async_engine.engine.is_active("early"))  # the abort lands between two steps
     assert async_engine.engine.kv_cache_manager.block_pool.num_used_blocks == 0
+
+
+def wait_until(condition, timeout: float = 10.0) -> float:
+    """Seconds until `condition()` held; fails after `timeout`."""
+    start = time.perf_counter()
+    while not condition():
+        assert time.perf_counter() - start < timeout, "condition never held"
+        time.sleep(0.001)
+    return time.perf_counter() - start
+
+
+def test_add_and_abort_never_wait_for_a_step_and_abort_frees_within_one(make_engine):
+    """With every step slowed to 0.3 s, adding and aborting still return at once (they only queue),
+    and an aborted request's KV blocks are back in the pool at most one step later."""
+    engine = make_engine()
+    step = engine.step
+
+    def slow_step():
+        time.sleep(STEP_SECONDS)
+        return step()
+
+    engine.step = slow_step
+    async_engine = AsyncLLMEngine(engine)
+    pool = engine.kv_cache_manager.block_pool
+    params = SamplingParams(max_tokens=500, ignore_eos=True)
+
+    async def main():
+        long = async_engine.generate("long", "Count to one hundred:", params)
+        await anext(long)  # running; the engine is now always inside a slow step
+        started = time.perf_counter()
+        short = async_engine.generate("short", "Hi", SamplingParams(max_tokens=2))
+        first = asyncio.ensure_future(anext(short))
+        await asyncio.sleep(0)  # the add runs here
+        add_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        await long.aclose()  # aborts
+        abort_seconds = time.perf_counter() - started
+        freed_after = await asyncio.to_thread(wait_until, lambda: not engine.is_active("long"))
+        await first
+        await short.aclose()
+        return add_seconds, abort_seconds, freed_after
+
+    try:
+        add_seconds, abort_seconds, freed_after = asyncio.run(main())
+        wait_until(lambda: pool.num_used_blocks == 0)
+    finally:
+        async_engine.shutdown()
+    assert add_seconds < 0.05 and abort_seconds < 0.05, (add_seconds, abort_seconds)
+    assert freed_after < STEP_SECONDS * 1.5, freed_after  # the step running at the abort, then freed

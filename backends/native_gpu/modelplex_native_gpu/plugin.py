@@ -4,8 +4,8 @@ Weights: `<version>/model.gguf` or `<version>/` as an HF folder (config.json + s
 Engine settings come from config.pbtxt `parameters` (EngineConfig field names, plus
 `max_queue_size`). Tensors follow Triton's vLLM backend, extended (see protocol.py): `text_input`
 or `messages`, optional `sampling_parameters` in; `text_output` out. Decoupled models stream
-text deltas; others return the whole text. `GET /v2/models/{m}/engine_stats` shows the engines'
-occupancy (running and waiting requests, free KV blocks).
+text deltas; others return the whole text. Instances report their occupancy (`engine_stats`:
+running and waiting requests, free KV blocks) and the `vllm:*` metric family (llm_metrics.py).
 """
 from __future__ import annotations
 
@@ -34,17 +34,8 @@ def modelplex_backends():
 
 
 @hookimpl
-def modelplex_http_routers(dataplane):
-    from fastapi import APIRouter
-    from starlette.responses import JSONResponse
+def modelplex_metric_collectors(dataplane):
+    from .llm_metrics import LLMMetricsCollector
+    from .serving import LLMInstance
 
-    router = APIRouter()
-
-    @router.get("/v2/models/{model}/engine_stats")
-    @router.get("/v2/models/{model}/versions/{version}/engine_stats")
-    async def engine_stats(model: str, version: str = ""):
-        instances = dataplane.manager.get(model, version).instances
-        return JSONResponse({"model_name": model, "instances": [i.engine_stats() for i in instances
-                                                                 if hasattr(i, "engine_stats")]})
-
-    return [router]
+    return [LLMMetricsCollector(dataplane, LLMInstance)]

@@ -17,6 +17,7 @@ from modelplex import (LORA_MODULES_PARAMETER, InferRequest, InferResponse, Inst
 
 from .config import EngineConfig
 from .errors import EngineError
+from .llm_metrics import LLMMetrics
 from .protocol import GenerateCall, make_response, parse_request
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class LLMInstance(ModelInstance):
         except EngineError as exc:
             raise InvalidInput(f"model '{ictx.model.name}': {exc}") from None
         self.model = (ictx.model.name, str(ictx.model.version))
+        self.metrics = LLMMetrics()
         # More host slots than the engine runs plus queues: the bound that refuses is ours, never
         # an unbounded wait for a host slot (the headroom covers refusals and streams closing).
         self.max_concurrency = config.max_num_seqs + self.max_queue_size + SLOT_HEADROOM
@@ -137,24 +139,28 @@ class LLMInstance(ModelInstance):
         return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len)
 
     async def _generate(self, request: InferRequest, call: GenerateCall):
-        # Read without the engine lock: the event loop adds requests, so no other add interleaves.
-        if len(self.engine.engine.scheduler.waiting) >= self.max_queue_size:
+        # The event loop alone adds requests, so no other add interleaves between check and add.
+        if self.engine.num_waiting >= self.max_queue_size:
             raise Unavailable(f"model '{self.model[0]}': {self.max_queue_size} requests already wait; try again "
                               f"later", retry_after=RETRY_AFTER_SECONDS)
         request_id = f"{request.id or 'req'}-{next(_request_ids)}"
+        timer = self.metrics.timer()
         try:
             stream = self.engine.generate(request_id, call.prompt_ids, call.params)
             async with contextlib.aclosing(stream):
                 async for output in stream:
+                    timer.on_output(output)
                     yield output
         except EngineError as exc:  # raised on the first step of the stream, before any output
             raise InvalidInput(str(exc)) from None
 
     def engine_stats(self) -> dict:
-        """Scheduler and KV-cache occupancy, for the debug route and tests."""
+        """Scheduler and KV-cache occupancy (the engine_stats route, the LLM metrics, tests)."""
         engine = self.engine.engine
+        kv = engine.kv_cache_manager
         return {**engine.stats(), "num_running": len(engine.scheduler.running),
-                "num_waiting": len(engine.scheduler.waiting), "max_queue_size": self.max_queue_size}
+                "num_waiting": self.engine.num_waiting, "max_queue_size": self.max_queue_size,
+                "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits}
 
     async def close(self) -> None:
         self.engine.shutdown()

@@ -116,6 +116,11 @@ def create_router(dataplane: DataPlane, settings: ServerConfig) -> APIRouter:
     async def statistics(model: str, version: str = ""):
         return json_response(dataplane.statistics(model, version))
 
+    @router.get("/v2/models/{model}/engine_stats")
+    @router.get("/v2/models/{model}/versions/{version}/engine_stats")
+    async def engine_stats(model: str, version: str = ""):
+        return json_response({"model_name": model, "instances": dataplane.engine_stats(model, version)})
+
     @router.post("/v2/repository/index")
     async def repository_index(request: Request):
         ready_only = (await read_json_object(request, limit)).get("ready", False)

@@ -1,18 +1,22 @@
 """AsyncLLMEngine: runs the LLMEngine loop in a background thread; each request gets an async stream.
 
-A lock serialises the engine: add/abort from event-loop threads wait at most one step, and
-their input errors are raised in the caller. Outputs cross to the caller's event loop with
-call_soon_threadsafe. Leaving a stream early (break, cancellation) aborts the request.
+The event loop never waits for the engine: `generate` and `abort` only put the request (or its id)
+in an inbox and wake the thread, which drains the inbox between steps. So an abort frees the
+request's KV blocks within one engine step, and an add starts at the next step. A request the
+engine refuses (bad input) fails its stream with the typed error before any output. Outputs cross
+to the caller's event loop with call_soon_threadsafe. Leaving a stream early aborts the request.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..config import EngineConfig
+from ..errors import EngineError, InvalidRequestError
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -27,12 +31,26 @@ class _Stream:
     num_open: int  # completions (n) not finished yet
 
 
+@dataclass
+class _NewRequest:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    priority: int
+    cache_salt: object
+
+
 class AsyncLLMEngine:
+    """Invariant: `_streams` holds a stream from its `generate` until it finishes or is aborted; the
+    engine thread alone touches the LLMEngine, and adds a queued request only while its stream exists
+    (so an abort that overtakes its own add leaves nothing running)."""
+
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._lock = threading.Lock()
-        self._wakeup = threading.Condition(self._lock)
         self._streams: dict[str, _Stream] = {}
+        self._new_requests: collections.deque[_NewRequest] = collections.deque()  # deques are thread-safe
+        self._aborts: collections.deque[str] = collections.deque()
+        self._wakeup = threading.Event()
         self._stopped = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llm-engine-loop", daemon=True)
@@ -46,6 +64,11 @@ class AsyncLLMEngine:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def num_waiting(self) -> int:
+        """Completions not yet running: in the scheduler's queue or still in the inbox."""
+        return len(self.engine.scheduler.waiting) + sum(r.params.n for r in list(self._new_requests))
+
     async def generate(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | dict | None = None,
                        *, priority: int = 0, cache_salt=None) -> AsyncIterator[RequestOutput]:
         """Yield incremental outputs until every completion of the request has finished."""
@@ -55,6 +78,7 @@ class AsyncLLMEngine:
             while not finished:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
+                    finished = True  # the engine has already dropped the request
                     raise item
                 yield item
                 if item.finished:
@@ -68,50 +92,79 @@ class AsyncLLMEngine:
         if isinstance(sampling_params, dict):
             sampling_params = SamplingParams.from_dict(sampling_params)
         params = sampling_params or SamplingParams()
-        with self._wakeup:
-            if self._error is not None or self._stopped:
-                raise RuntimeError("engine is not running") from self._error
-            self.engine.add_request(request_id, prompt, params, priority=priority, cache_salt=cache_salt)
-            stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), params.n)
-            self._streams[request_id] = stream
-            self._wakeup.notify()
+        self._check_running()
+        if request_id in self._streams:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), params.n)
+        self._streams[request_id] = stream
+        try:
+            self._check_running()  # the engine failed meanwhile: nobody would deliver to this stream
+        except RuntimeError:
+            self._streams.pop(request_id, None)
+            raise
+        self._new_requests.append(_NewRequest(request_id, prompt, params, priority, cache_salt))
+        self._wakeup.set()
         return stream
 
+    def _check_running(self) -> None:
+        if self._error is not None or self._stopped:
+            raise RuntimeError("engine is not running") from self._error
+
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self.engine.abort(request_id)
-            self._streams.pop(request_id, None)
+        """Stop delivering at once; the engine frees the request's blocks before its next step."""
+        if self._streams.pop(request_id, None) is not None:
+            self._aborts.append(request_id)
+            self._wakeup.set()
 
     def shutdown(self) -> None:
-        with self._wakeup:
-            self._stopped = True
-            self._wakeup.notify()
+        self._stopped = True
+        self._wakeup.set()
         self._thread.join()
 
-    def _run(self):
-        while True:
-            with self._wakeup:
-                while not self._stopped and not self.engine.has_unfinished_requests():
-                    self._wakeup.wait()
-                if self._stopped:
-                    return
-                try:
-                    outputs = self.engine.step()
-                except BaseException as exc:  # a broken step fails every stream instead of hanging them
-                    logger.exception("engine step failed")
-                    self._error = exc
-                    for stream in self._streams.values():
-                        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)
-                    self._streams.clear()
-                    return
-                deliveries = [(self._streams.get(o.request_id), o) for o in outputs]
-            for stream, output in deliveries:
-                if stream is not None:
-                    stream.loop.call_soon_threadsafe(stream.queue.put_nowait, output)
-            self._forget_finished(outputs)
+    # ------------------------------------------------------------------ the engine thread
 
-    def _forget_finished(self, outputs: list[RequestOutput]):
-        with self._lock:
-            for output in outputs:
-                if output.finished and not self.engine.is_active(output.request_id):
-                    self._streams.pop(output.request_id, None)
+    def _run(self):
+        while not self._stopped:
+            self._wakeup.clear()  # before draining: a request queued after the drain wakes the wait
+            self._drain_inbox()
+            if not self.engine.has_unfinished_requests():
+                self._wakeup.wait()
+                continue
+            try:
+                outputs = self.engine.step()
+            except BaseException as exc:  # a broken step fails every stream instead of hanging them
+                logger.exception("engine step failed")
+                self._fail_all(exc)
+                return
+            self._deliver(outputs)
+
+    def _drain_inbox(self):
+        while self._new_requests:
+            new = self._new_requests.popleft()
+            stream = self._streams.get(new.request_id)
+            if stream is None:  # aborted before it started
+                continue
+            try:
+                self.engine.add_request(new.request_id, new.prompt, new.params, priority=new.priority,
+                                        cache_salt=new.cache_salt)
+            except EngineError as exc:
+                self._streams.pop(new.request_id, None)
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)
+        while self._aborts:
+            self.engine.abort(self._aborts.popleft())
+
+    def _deliver(self, outputs: list[RequestOutput]):
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:  # else aborted during the step
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, output)
+        for output in outputs:  # after delivering: n > 1 completions may finish in the same step
+            if output.finished and not self.engine.is_active(output.request_id):
+                self._streams.pop(output.request_id, None)
+
+    def _fail_all(self, exc: BaseException):
+        self._error = exc  # set first: an add racing with this sees it (see _add)
+        for request_id in list(self._streams):
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)
