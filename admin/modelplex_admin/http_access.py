@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import orjson
 
-from .policy import AccessPolicy, Denial, http_group
+from modelplex.api_groups import http_group
+
+from .policy import AccessPolicy, Denial
 
 
 class AccessMiddleware:
@@ -30,7 +32,3 @@ async def refuse(send, denial: Denial) -> None:
     await send({"type": "http.response.start", "status": denial.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
-
-def secure_http_app(app, policy: AccessPolicy):
-    """`app` behind the policy, or `app` itself when the policy checks nothing."""
-    return app if policy.is_open else AccessMiddleware(app, policy)

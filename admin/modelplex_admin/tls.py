@@ -1,22 +1,17 @@
-"""TLS for both listeners, from `SecurityConfig`: uvicorn's ssl arguments and gRPC server credentials."""
+"""TLS for both listeners, from `SecurityConfig`: the HTTPS record and gRPC server credentials."""
 from __future__ import annotations
 
-import ssl
-
 import grpc
+from modelplex.extensions import HttpTls
 
-from modelplex.settings import SecurityConfig
+from .config import SecurityConfig
 
 
-def uvicorn_ssl_options(security: SecurityConfig) -> dict:
-    """Keyword arguments for `uvicorn.Config`: none without a certificate; client certificates
-    required when a root certificate is given."""
+def http_tls(security: SecurityConfig) -> HttpTls | None:
+    """None without a certificate; client certificates required when a root certificate is given."""
     if security.http_server_cert is None:
-        return {}
-    options = {"ssl_certfile": str(security.http_server_cert), "ssl_keyfile": str(security.http_server_key)}
-    if security.http_root_cert is not None:
-        options |= {"ssl_ca_certs": str(security.http_root_cert), "ssl_cert_reqs": ssl.CERT_REQUIRED}
-    return options
+        return None
+    return HttpTls(security.http_server_cert, security.http_server_key, security.http_root_cert)
 
 
 def grpc_server_credentials(security: SecurityConfig) -> grpc.ServerCredentials | None:

@@ -30,10 +30,11 @@ class EnsembleInstance(ModelInstance):
         self._streaming = self.ensemble.streaming_step
         self._batch_steps = tuple(s for s in self.ensemble.steps if s is not self._streaming)
 
-    async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
+    async def execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
         if len(requests) == 1:
             return [await self._infer(requests[0])]
-        return list(await asyncio.gather(*(self._infer(r) for r in requests)))
+        # Each request's failure (always a ModelplexError naming the step) is its own.
+        return list(await asyncio.gather(*(self._infer(r) for r in requests), return_exceptions=True))
 
     async def _infer(self, request: InferRequest) -> InferResponse:
         tensors = await self._run_steps(request, self._batch_steps)

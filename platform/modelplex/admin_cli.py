@@ -31,6 +31,9 @@ def add_admin_commands(sub) -> None:
     common.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for an answer")
     common.add_argument("--token", default=os.environ.get("MODELPLEX_TOKEN"),
                         help="bearer token sent as Authorization (default $MODELPLEX_TOKEN)")
+    common.add_argument("--token-file", type=Path, default=os.environ.get("MODELPLEX_TOKEN_FILE"),
+                        help="a file holding the token, e.g. the server's --admin-token-file "
+                             "(default $MODELPLEX_TOKEN_FILE; --token wins)")
 
     models = sub.add_parser("models", help="list, load, unload and inspect the models of a running server")
     m = models.add_subparsers(dest="action", required=True)
@@ -60,9 +63,24 @@ def add_admin_commands(sub) -> None:
     sub.add_parser("health", parents=[common], help="is the server live and ready (exit 0 only when ready)")
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token or args.token_file is None:
+        return args.token
+    try:
+        lines = Path(args.token_file).read_text().splitlines()
+    except OSError as e:
+        raise CommandError(f"--token-file: {e}", USAGE) from None
+    return next((line.strip() for line in lines if line.strip()), None)
+
+
 def run_admin_command(args: argparse.Namespace) -> int:
+    try:
+        token = _token(args)
+    except CommandError as e:
+        print(f"modelplex {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     client = httpx.Client(base_url=args.url.rstrip("/"), timeout=args.timeout,
-                          headers={"Authorization": f"Bearer {args.token}"} if args.token else None)
+                          headers={"Authorization": f"Bearer {token}"} if token else None)
     try:
         with client:
             command = {"models": _models, "adapters": _adapters, "health": _health}[args.command]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
-from .errors import Unsupported
+from .errors import ModelplexError, Unsupported
 from .tensors import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -61,8 +61,10 @@ class InstanceContext:
 class ModelInstance(ABC):
     """One execution instance of a model version. The host never calls one instance concurrently.
 
-    `execute` receives one or more requests (more when the host batches) and returns one
-    response per request, in order. Decoupled models implement `stream` instead.
+    `execute` receives one or more requests (more when the host batches) and returns one entry per
+    request, in order: its `InferResponse`, or the `ModelplexError` that request alone failed with
+    (its batch mates still get their answers). Raising fails every request of the call.
+    Decoupled models implement `stream` instead.
     """
 
     # How many requests the host may give this instance at once; None: the BackendSpec's
@@ -71,7 +73,7 @@ class ModelInstance(ABC):
     max_concurrency: int | None = None
 
     @abstractmethod
-    async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
+    async def execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
         ...
 
     def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
@@ -127,3 +129,7 @@ class BackendSpec:
     auto_complete_config: Callable[[ModelContext], None] | None = None
     # Concurrency the host may give one instance; LLM engines batch internally and take many.
     max_concurrency_per_instance: int = 1
+    # The dynamic batcher concatenates a batch's requests along dim 0 into one request (and splits
+    # the response back), so `execute` runs them in one call; for backends whose runtime takes a
+    # whole batch at once (ONNX Runtime, OpenVINO).
+    merges_batches: bool = False

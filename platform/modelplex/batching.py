@@ -13,9 +13,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from .batch_merge import merge_requests, split_response
 from .errors import InternalError, InvalidInput, ModelplexError, Unavailable
 from .stats import ModelStats
-from .tensors import InferRequest, InferResponse
+from .tensors import InferRequest
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
@@ -76,8 +77,9 @@ class DynamicBatcher:
     """Invariant: a queued request is in exactly one deque of one level until it is dispatched,
     expires (REJECT), or its caller goes away; `_num_queued` counts them."""
 
-    def __init__(self, config, idle: asyncio.Queue, stats: ModelStats):
+    def __init__(self, config, idle: asyncio.Queue, stats: ModelStats, merges_batches: bool = False):
         batching = config.dynamic_batching
+        self.merges_batches = merges_batches
         self.model = config.name
         self.max_batch_size = max(1, config.max_batch_size)
         self.preferred_sizes = sorted({s for s in batching.preferred_batch_size if 0 < s <= self.max_batch_size})
@@ -267,30 +269,58 @@ class DynamicBatcher:
 
     async def _execute(self, instance, batch: list[PendingRequest]) -> None:
         start = _now()
+        requests = [p.request for p in batch]
         try:
-            responses: list[InferResponse] = await instance.execute([p.request for p in batch])
-            if len(responses) != len(batch):
-                raise InternalError(f"model '{self.model}' returned {len(responses)} responses "
-                                    f"for {len(batch)} requests")
-        except Exception as e:  # noqa: BLE001 - every failure must reach the waiting requests
-            if len(batch) > 1:
-                # One bad request must not fail its batch mates: run each alone to find it.
-                for pending in batch:
-                    await self._execute(instance, [pending])
-                return
-            if not isinstance(e, ModelplexError):
-                log.exception("model %s failed", self.model)
-                e = InternalError(f"model '{self.model}' failed: {e}")
-            self._fail(batch[0], e)
+            if self.merges_batches and len(batch) > 1:
+                results = await self._execute_merged(instance, requests)
+            else:
+                results = await instance.execute(requests)
+                if len(results) != len(batch):
+                    raise InternalError(f"model '{self.model}' returned {len(results)} responses "
+                                        f"for {len(batch)} requests")
+        except Exception as e:  # noqa: BLE001 - the whole call failed: every request in it did
+            error = self._as_error(e)
+            for pending in batch:
+                self._fail(pending, error)
             return
         infer_ns = _now() - start
         self._exec_ns_estimate = infer_ns
         total = sum(p.batch_size for p in batch)
         self._stats.record_execution(total, 0, infer_ns, 0)
-        for pending, response in zip(batch, responses):
+        for pending, result in zip(batch, results):
+            if isinstance(result, BaseException):
+                self._fail(pending, self._as_error(result))
+                continue
             pending.infer_ns, pending.batch_total = infer_ns, total
             if not pending.future.done():
-                pending.future.set_result(response)
+                pending.future.set_result(result)
+
+    async def _execute_merged(self, instance, requests: list[InferRequest]) -> list:
+        """One backend call over the requests' rows; split back per request."""
+        try:
+            results = await instance.execute([merge_requests(requests)])
+            if len(results) != 1:
+                raise InternalError(f"model '{self.model}' returned {len(results)} responses for 1 request")
+            if isinstance(results[0], BaseException):
+                raise results[0]
+        except InvalidInput:
+            # Bad data in one request (a token id out of range) fails the merged run: only running each
+            # alone tells whose it was, so its batch mates still get answers. Only on this error path.
+            return [await self._execute_alone(instance, r) for r in requests]
+        return split_response(results[0], requests)
+
+    async def _execute_alone(self, instance, request: InferRequest):
+        try:
+            (result,) = await instance.execute([request])
+        except Exception as e:  # noqa: BLE001 - this request's own error
+            return e
+        return result
+
+    def _as_error(self, error: BaseException) -> ModelplexError:
+        if isinstance(error, ModelplexError):
+            return error
+        log.error("model %s failed", self.model, exc_info=error)
+        return InternalError(f"model '{self.model}' failed: {error}")
 
 
 def _microseconds(value) -> int:

@@ -10,19 +10,23 @@ from . import __version__
 from .admin_cli import add_admin_commands, run_admin_command
 from .errors import InvalidInput
 from .logging_setup import LOG_SETTINGS
-from .settings import SecurityConfig, ServerConfig
+from .extensions import parse_bool
+from .plugins import create_plugin_manager
+from .settings import ServerConfig
+from .tensors import TensorLimits
 from .tracing import TraceConfig
 
 
 def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    try:
+        return parse_bool(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(pm=None) -> argparse.ArgumentParser:
+    """`modelplex` and its subcommands; `serve` also takes the flags of the plugins in `pm`
+    (default: every installed plugin)."""
     parser = argparse.ArgumentParser(prog="modelplex", description="A Triton-compatible model server.")
     parser.add_argument("--version", action="version", version=f"modelplex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -44,13 +48,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-max-body-bytes", type=int, default=64 * 1024 * 1024)
     s.add_argument("--grpc-max-message-bytes", type=int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent")
+    limits = TensorLimits()
+    s.add_argument("--max-tensor-elements", type=int, default=limits.max_elements,
+                   help="most elements one input tensor may have")
+    s.add_argument("--max-bytes-elements", type=int, default=limits.max_bytes_elements,
+                   help="most elements one BYTES input tensor may have (each costs ~40 bytes of memory beyond its data)")
+    s.add_argument("--max-bytes-element-size", type=int, default=limits.max_bytes_element_size,
+                   help="longest BYTES element (e.g. a prompt's text) in bytes")
+    s.add_argument("--max-stream-secs", type=float, default=3600.0,
+                   help="a response stream still running after this many seconds ends with an error (0: no limit)")
     s.add_argument("--unload-timeout-secs", type=float, default=30.0)
+    s.add_argument("--model-load-timeout-secs", "--model-load-timeout", type=float, default=600.0,
+                   help="a model whose instances are not all created after this many seconds fails to load "
+                        "with that reason, and the server keeps serving (0: no limit)")
     s.add_argument("--exit-timeout-secs", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, how long in-flight requests and streams may run before the exit")
     s.add_argument("--lora-adapter-root", action="append", default=[], type=Path, metavar="DIR",
                    help="a folder LoRA adapters may be loaded from through the adapter APIs, besides each "
                         "model's own adapters/ folder (repeatable)")
-    add_security_arguments(s)
+    s.add_argument("--admin-host", help="address the admin ports listen on (default: --host)")
+    s.add_argument("--admin-http-port", type=int,
+                   help="serve model-control routes (repository, adapters, trace, logging) only on this port")
+    s.add_argument("--admin-grpc-port", type=int,
+                   help="serve model-control RPCs (repository, trace, logging) only on this port")
+    add_plugin_arguments(s, pm or create_plugin_manager())
     s.add_argument("--port-file", type=Path, help="write the bound ports as JSON here once serving")
     s.add_argument("--log-verbose", type=int, default=0)
     s.add_argument("--log-format", choices=["text", "json"], default="text",
@@ -63,64 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_security_arguments(s: argparse.ArgumentParser) -> None:
-    g = s.add_argument_group("TLS and access control")
-    g.add_argument("--admin-token", action="append", default=[],
-                   help="bearer token for model-control APIs (model-repository, trace, logging); repeatable")
-    g.add_argument("--admin-token-file", type=Path, help="a file holding the admin token (e.g. a mounted Secret)")
-    g.add_argument("--api-key", action="append", default=[], help="bearer key required for inference; repeatable")
-    g.add_argument("--api-key-file", type=Path, help="a file with one inference API key per line")
-    g.add_argument("--http-restricted-api", action="append", default=[], metavar="<api-groups>:<key>=<value>",
-                   help="requests to these API groups must carry header <key> with <value> (Triton's flag)")
-    g.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="<api-groups>:<key>=<value>",
-                   help="gRPC calls of these API groups must carry metadata <key> with <value> (Triton's flag)")
-    g.add_argument("--http-server-cert", type=Path, help="PEM certificate: serve HTTPS")
-    g.add_argument("--http-server-key", type=Path)
-    g.add_argument("--http-root-cert", type=Path, help="PEM CA: HTTPS clients must present a certificate it signed")
-    g.add_argument("--grpc-use-ssl", type=_bool, default=False)
-    g.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False)
-    g.add_argument("--grpc-server-cert", type=Path)
-    g.add_argument("--grpc-server-key", type=Path)
-    g.add_argument("--grpc-root-cert", type=Path)
+def add_plugin_arguments(s: argparse.ArgumentParser, pm) -> None:
+    """The flags plugins declare (`modelplex_serve_options`), listed under the group each names."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for options in pm.hook.modelplex_serve_options():
+        for option in options or ():
+            group = groups.get(option.group) or groups.setdefault(option.group, s.add_argument_group(option.group))
+            kwargs = {"help": option.help, "default": option.default, "dest": option.dest}
+            kwargs |= {k: v for k, v in (("type", option.type), ("action", option.action),
+                                         ("metavar", option.metavar)) if v is not None}
+            group.add_argument(*option.flags, **kwargs)
 
 
-def _secrets(values: list[str], path: Path | None) -> list[str]:
-    if path is not None:
-        values = values + [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    return values
-
-
-def security_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SecurityConfig:
-    """The TLS/auth flags as a `SecurityConfig`; contradictions are usage errors (exit 2)."""
-    from modelplex_admin.policy import parse_restriction
-
-    try:
-        http_restricted = {k: v for text in args.http_restricted_api for k, v in parse_restriction(text).items()}
-        grpc_restricted = {k: v for text in args.grpc_restricted_protocol for k, v in parse_restriction(text).items()}
-        admin_tokens = _secrets(args.admin_token, args.admin_token_file)
-        api_keys = _secrets(args.api_key, args.api_key_file)
-    except (ValueError, OSError) as e:
-        parser.error(str(e))
-    if (args.http_server_cert is None) != (args.http_server_key is None):
-        parser.error("--http-server-cert and --http-server-key go together")
-    if args.http_root_cert is not None and args.http_server_cert is None:
-        parser.error("--http-root-cert needs --http-server-cert and --http-server-key")
-    use_ssl = args.grpc_use_ssl or args.grpc_use_ssl_mutual
-    if use_ssl and (args.grpc_server_cert is None or args.grpc_server_key is None):
-        parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
-    if args.grpc_use_ssl_mutual and args.grpc_root_cert is None:
-        parser.error("--grpc-use-ssl-mutual needs --grpc-root-cert")
-    return SecurityConfig(
-        admin_tokens=admin_tokens, api_keys=api_keys, http_restricted=http_restricted,
-        grpc_restricted=grpc_restricted, http_server_cert=args.http_server_cert,
-        http_server_key=args.http_server_key, http_root_cert=args.http_root_cert,
-        grpc_server_cert=args.grpc_server_cert if use_ssl else None,
-        grpc_server_key=args.grpc_server_key if use_ssl else None,
-        grpc_root_cert=args.grpc_root_cert if use_ssl else None, grpc_use_ssl_mutual=args.grpc_use_ssl_mutual)
+def plugin_options(pm, args: argparse.Namespace) -> dict:
+    return {option.dest: getattr(args, option.dest)
+            for options in pm.hook.modelplex_serve_options() for option in options or ()}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    pm = create_plugin_manager()
+    parser = build_parser(pm)
     args = parser.parse_args(argv)
     if args.command != "serve":
         sys.exit(run_admin_command(args))
@@ -136,17 +119,24 @@ def main(argv: list[str] | None = None) -> None:
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,
+        model_load_timeout_secs=args.model_load_timeout_secs, max_stream_secs=args.max_stream_secs,
+        tensor_limits=TensorLimits(args.max_tensor_elements, args.max_bytes_elements, args.max_bytes_element_size),
         grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format,
-        exit_timeout_secs=args.exit_timeout_secs, lora_adapter_roots=args.lora_adapter_root,
-        security=security_config(parser, args))
+        lora_adapter_roots=args.lora_adapter_root, exit_timeout_secs=args.exit_timeout_secs, admin_host=args.admin_host,
+        admin_http_port=args.admin_http_port, admin_grpc_port=args.admin_grpc_port,
+        plugin_options=plugin_options(pm, args))
+    try:
+        pm.hook.modelplex_check_settings(settings=settings)
+    except ValueError as e:
+        parser.error(str(e))
     from .server import serve
 
     try:
         import uvloop
 
-        uvloop.run(serve(settings, args.port_file))
+        uvloop.run(serve(settings, args.port_file, pm))
     except ImportError:
-        asyncio.run(serve(settings, args.port_file))
+        asyncio.run(serve(settings, args.port_file, pm))
 
 
 if __name__ == "__main__":

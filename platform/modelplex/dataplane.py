@@ -1,6 +1,7 @@
 """The one request path. HTTP, gRPC and every other front door translate to and from these calls."""
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 from . import __version__
@@ -91,7 +92,10 @@ class DataPlane:
             response = await self.infer(request)
             yield response
             return
-        async for response in mv.stream(request):
+        responses = mv.stream(request)
+        if self.settings.max_stream_secs:
+            responses = _bounded(responses, self.settings.max_stream_secs, mv.name)
+        async for response in responses:
             if wanted:
                 response.outputs = [t for t in response.outputs if t.name in wanted]
             yield response
@@ -180,3 +184,22 @@ class DataPlane:
         if entry is None:
             raise NotFound(f"model '{model}' is not found")
         return entry
+
+
+async def _bounded(responses: AsyncIterator[InferResponse], seconds: float, model: str) -> AsyncIterator[InferResponse]:
+    """`responses` until `seconds` have passed; then the stream is closed (the backend aborts its
+    request and frees what it holds) and ends with an error."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    try:
+        while True:
+            try:
+                response = await asyncio.wait_for(anext(responses), deadline - loop.time())
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise Unavailable(f"model '{model}': the stream ran longer than the server's limit of {seconds:g} s "
+                                  "(--max-stream-secs)") from None
+            yield response
+    finally:
+        await responses.aclose()

@@ -1,4 +1,8 @@
-"""The hooks a modelplex plugin may implement (entry-point group `modelplex`)."""
+"""The hooks a modelplex plugin may implement (entry-point group `modelplex`).
+
+Every hook returns declarations (records, middleware, interceptors); the host applies them. A plugin
+never patches the host.
+"""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -57,4 +61,54 @@ def modelplex_metric_collectors(dataplane) -> list[Collector]:
         @hookimpl
         def modelplex_metric_collectors(dataplane):
             return [QueueDepth(dataplane)]
+    """
+
+
+@hookspec
+def modelplex_serve_options():
+    """Return a list of `modelplex.extensions.ServeOption`: flags this plugin adds to `modelplex serve`.
+
+    Example: ``return [ServeOption(("--admin-token",), "bearer token for model control", action="append", default=[])]``
+    """
+
+
+@hookspec
+def modelplex_check_settings(settings):
+    """Raise `ValueError` (its message names the flags) when `settings.plugin_options` contradict
+    each other; `modelplex serve` then exits with a usage error before anything starts.
+
+    Example: ``if opts["http_root_cert"] and not opts["http_server_cert"]: raise ValueError("...")``
+    """
+
+
+@hookspec
+def modelplex_http_middleware(settings):
+    """Return ASGI middleware factories (`app -> app`) wrapped around every HTTP listener's app, the
+    fast infer path included; the first returned is the outermost.
+
+    Example: ``return [lambda app: AccessMiddleware(app, policy)]``
+    """
+
+
+@hookspec
+def modelplex_grpc_interceptors(settings):
+    """Return `grpc.aio.ServerInterceptor`s run before every gRPC method, streams included.
+
+    Example: ``return [AccessInterceptor(policy)]``
+    """
+
+
+@hookspec(firstresult=True)
+def modelplex_http_tls(settings):
+    """Return a `modelplex.extensions.HttpTls` to serve HTTPS, or None for plain HTTP.
+
+    Example: ``return HttpTls(Path("server.pem"), Path("server.key"))``
+    """
+
+
+@hookspec(firstresult=True)
+def modelplex_grpc_credentials(settings):
+    """Return `grpc.ServerCredentials` to make the gRPC ports TLS ports, or None for insecure ports.
+
+    Example: ``return grpc.ssl_server_credentials([(key, cert)])``
     """

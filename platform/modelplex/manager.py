@@ -145,40 +145,51 @@ class ModelManager:
     async def _load_locked(self, entry: ModelEntry, name: str, config_json: str | None,
                            files: dict[str, bytes] | None) -> None:
         async with entry.lock:
+            scratch = None
             try:
-                location = self._location(name, entry, config_json, files)
+                if files:
+                    scratch = self._write_override(name, config_json, files)
+                    location = ModelLocation(name, scratch)
+                else:
+                    location = self.repository.locate(name)
                 await self._load_versions(entry, location, config_json)
             except ModelplexError as e:
                 entry.error = e.message
+                self._drop(scratch)  # the versions serving keep their own files
                 raise
             except Exception as e:
                 entry.error = f"failed to load '{name}': {e}"
                 log.exception("loading %s", name)
+                self._drop(scratch)
                 raise InvalidInput(entry.error) from e
+            # Loaded: the previous override's files are no longer anyone's.
+            if entry.override_dir is not None and entry.override_dir != scratch:
+                self._drop(entry.override_dir)
+            entry.override_dir = scratch
 
-    def _location(self, name: str, entry: ModelEntry, config_json: str | None,
-                  files: dict[str, bytes] | None) -> ModelLocation:
-        if not files:
-            if entry.override_dir is not None:
-                shutil.rmtree(entry.override_dir, ignore_errors=True)
-                entry.override_dir = None
-            return self.repository.locate(name)
+    def _write_override(self, name: str, config_json: str | None, files: dict[str, bytes]) -> Path:
+        """The load request's `file:` contents in a new folder of their own, complete before anything
+        reads them (a failed or partial write never replaces what serves). Confined, size-limited."""
         if config_json is None:
             raise InvalidInput("a load request with files must also carry a 'config'")
+        if sum(len(content) for content in files.values()) > self.settings.load_file_max_bytes:
+            raise InvalidInput(f"files in the load request exceed the size limit of "
+                               f"{self.settings.load_file_max_bytes} bytes")
         scratch = Path(tempfile.mkdtemp(prefix=f"modelplex-{name}-"))
-        total = 0
-        for rel, content in files.items():
-            total += len(content)
-            if total > self.settings.load_file_max_bytes:
-                shutil.rmtree(scratch, ignore_errors=True)
-                raise InvalidInput("files in the load request exceed the size limit")
-            target = confined(scratch, rel)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
-        if entry.override_dir is not None:
-            shutil.rmtree(entry.override_dir, ignore_errors=True)
-        entry.override_dir = scratch
-        return ModelLocation(name, scratch)
+        try:
+            for rel, content in files.items():
+                target = confined(scratch, rel)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        except BaseException:
+            self._drop(scratch)
+            raise
+        return scratch
+
+    @staticmethod
+    def _drop(folder: Path | None) -> None:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     async def _load_versions(self, entry: ModelEntry, location: ModelLocation, config_json: str | None) -> None:
         config = (mc.parse_json(config_json) if config_json is not None
@@ -196,7 +207,7 @@ class ModelManager:
                 keep[v] = old
             else:
                 new[v] = self._new_version(entry.name, v, location, config, spec, fp)
-        results = await asyncio.gather(*(mv.load() for mv in new.values()), return_exceptions=True)
+        results = await asyncio.gather(*(mv.load(self.settings.model_load_timeout_secs or None) for mv in new.values()), return_exceptions=True)
         failures = {v: r for v, r in zip(new, results) if isinstance(r, BaseException)}
         if failures:
             for v, mv in new.items():
@@ -214,6 +225,8 @@ class ModelManager:
         entry.fingerprint = location.fingerprint()
         for mv in old_versions:
             await self._retire(mv)
+        if new and old_versions:
+            await self._rebuild_users(entry.name)
 
     # ---- ensembles: step models load first and cannot go while an ensemble uses them -------
     async def _load_steps(self, name: str, config) -> None:
@@ -238,6 +251,35 @@ class ModelManager:
             for model in list(found):
                 found |= self._steps_of(model, transitive=True)
         return found
+
+    async def _rebuild_users(self, name: str) -> None:
+        """`name` came back with new versions (maybe other inputs or outputs): the ensembles using it
+        build new instances on their unchanged configs, which checks their steps again. One that no
+        longer fits turns UNAVAILABLE with the reason now, instead of failing each request later;
+        it recovers when its steps fit again. (Ensembles loading right now check on their own.)"""
+        for user in self._ensembles_using(name):
+            if user not in _LOAD_CHAIN.get():
+                await self._rebuild(self.entries[user], f"after '{name}' was reloaded")
+
+    async def _rebuild(self, entry: ModelEntry, why: str) -> None:
+        async with entry.lock:
+            old = dict(entry.versions)
+            new = {v: ModelVersion(mv.ctx, mv.spec, mv.stats, mv.fingerprint) for v, mv in old.items()}
+            results = await asyncio.gather(*(mv.load(self.settings.model_load_timeout_secs or None) for mv in new.values()), return_exceptions=True)
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                for mv in new.values():
+                    await mv.unload(0)
+                reason = errors[0].message if isinstance(errors[0], ModelplexError) else str(errors[0])
+                entry.error = f"{reason} ({why})"
+                for mv in old.values():
+                    mv.fail(entry.error)
+                log.error("model %s is unavailable %s: %s", entry.name, why, reason)
+                return
+            entry.versions, entry.error = new, ""
+            for mv in old.values():
+                await self._retire(mv)
+            await self._rebuild_users(entry.name)  # ensembles of this ensemble
 
     def _ensembles_using(self, name: str) -> list[str]:
         return sorted(e.name for e in list(self.entries.values()) if e.name != name and name in self._steps_of(e.name))

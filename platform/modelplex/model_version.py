@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
+import threading
 import time
 from typing import AsyncIterator
 
@@ -18,6 +20,22 @@ from .validation import RequestValidator
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
+
+
+def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _close_late_instance(future: asyncio.Future) -> None:
+    """An instance whose load had already timed out: nobody will use it."""
+    if not future.cancelled() and future.exception() is None:
+        log.warning("an instance finished loading after its load timed out; closing it")
+        asyncio.ensure_future(future.result().close())
 
 
 class ModelState(str, enum.Enum):
@@ -52,19 +70,25 @@ class ModelVersion:
         self._drained = asyncio.Event()
         ctx.stats = stats
         # Decoupled models stream per request; Triton batches only models answering once.
-        self.batcher = (DynamicBatcher(ctx.config, self._idle, stats)
+        self.batcher = (DynamicBatcher(ctx.config, self._idle, stats, spec.merges_batches)
                         if ctx.config.HasField("dynamic_batching") and not self.decoupled else None)
 
-    async def load(self) -> None:
-        """Create every instance of every instance_group off the event loop."""
+    async def load(self, timeout: float | None = None) -> None:
+        """Create every instance of every instance_group off the event loop, within `timeout`
+        seconds in all (`--model-load-timeout-secs`); on failure the instances made so far close."""
         self._loop = asyncio.get_running_loop()
         start = time.perf_counter()
-        for ictx in self._instance_contexts():
-            instance = await asyncio.to_thread(self.spec.create_instance, ictx)
-            self.instances.append(instance)
-            slots = getattr(instance, "max_concurrency", None) or self.spec.max_concurrency_per_instance
-            for _ in range(max(1, slots)):
-                self._idle.put_nowait(instance)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            for ictx in self._instance_contexts():
+                instance = await self._create_instance(ictx, deadline, timeout)
+                self.instances.append(instance)
+                slots = getattr(instance, "max_concurrency", None) or self.spec.max_concurrency_per_instance
+                for _ in range(max(1, slots)):
+                    self._idle.put_nowait(instance)
+        except BaseException:
+            await self._close_instances()
+            raise
         if self._initial_adapters:
             try:
                 await load_sources(self.adapters, self._initial_adapters)
@@ -76,6 +100,30 @@ class ModelVersion:
         self.stats.load_seconds = time.perf_counter() - start
         if self.state is ModelState.LOADING:  # not if an instance already died
             self.state, self.reason = ModelState.READY, ""
+
+    async def _create_instance(self, ictx: InstanceContext, deadline: float | None, timeout: float | None):
+        """`create_instance` on a thread of its own: a load that hangs holds only that thread, never
+        the shared pool. Past the deadline the load fails; should the instance still appear later,
+        it is closed at once (a thread cannot be stopped from outside)."""
+        future = self._loop.create_future()
+        context = contextvars.copy_context()  # as asyncio.to_thread does
+
+        def create() -> None:
+            try:
+                result = context.run(self.spec.create_instance, ictx)
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting load
+                self._loop.call_soon_threadsafe(_settle, future, None, e)
+            else:
+                self._loop.call_soon_threadsafe(_settle, future, result, None)
+
+        threading.Thread(target=create, name=f"load-{ictx.name}", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), None if deadline is None
+                                          else max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            future.add_done_callback(_close_late_instance)
+            raise Unavailable(f"model '{self.name}' version {self.version} did not finish loading within "
+                              f"{timeout:g} s (--model-load-timeout-secs)") from None
 
     def _instance_contexts(self) -> list[InstanceContext]:
         from tritonclient.grpc import model_config_pb2 as pb
@@ -93,9 +141,10 @@ class ModelVersion:
 
     def _report_failure(self, reason: str) -> None:
         """An instance died (any thread): refuse requests with `reason` until the model is reloaded."""
-        self._loop.call_soon_threadsafe(self._mark_failed, reason)
+        self._loop.call_soon_threadsafe(self.fail, reason)
 
-    def _mark_failed(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
+        """Refuse requests with `reason` until the model is reloaded (on the event loop)."""
         if self.state in (ModelState.LOADING, ModelState.READY):
             log.error("model %s version %s is unavailable: %s", self.name, self.version, reason)
             self.state, self.reason = ModelState.UNAVAILABLE, reason
@@ -147,6 +196,8 @@ class ModelVersion:
                 raise InternalError(f"model '{self.name}' returned {len(responses)} responses for 1 request")
             response = responses[0]
             self.stats.record_execution(batch, 0, infer_ns, 0)
+            if isinstance(response, BaseException):
+                raise response
             response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
             self.stats.record_request(True, _now() - start, queue_ns, 0, infer_ns, 0)
             if span is not None:
@@ -225,6 +276,10 @@ class ModelVersion:
                             self.name, self.version, self.inflight, timeout)
         if self.batcher is not None:
             self.batcher.close()
+        await self._close_instances()
+        self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"
+
+    async def _close_instances(self) -> None:
         for instance in self.instances:
             try:
                 await instance.close()
@@ -232,4 +287,3 @@ class ModelVersion:
                 log.exception("model %s version %s: close failed", self.name, self.version)
         self.instances.clear()
         self.adapters.sources.clear()
-        self.state, self.reason = ModelState.UNAVAILABLE, "unloaded"

@@ -8,12 +8,16 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from pathlib import Path
 
+import pluggy
 from prometheus_client import CollectorRegistry
 
+from .admin_address import AdminSplitInterceptor, AdminSplitMiddleware
 from .dataplane import DataPlane
+from .extensions import HttpTls
 from .manager import ModelManager
 from .metrics import MetricsServer, register_plugin_collectors
 from .plugins import collect_backends, create_plugin_manager
@@ -35,8 +39,17 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _uvicorn_ssl_options(tls: HttpTls | None) -> dict:
+    if tls is None:
+        return {}
+    options = {"ssl_certfile": str(tls.certfile), "ssl_keyfile": str(tls.keyfile)}
+    if tls.client_ca is not None:
+        options |= {"ssl_ca_certs": str(tls.client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return options
+
+
 class Server:
-    def __init__(self, settings: ServerConfig, plugin_manager=None):
+    def __init__(self, settings: ServerConfig, plugin_manager: pluggy.PluginManager | None = None):
         self.settings = settings
         self.pm = plugin_manager or create_plugin_manager()
         self.manager = ModelManager(settings, collect_backends(self.pm))
@@ -45,8 +58,9 @@ class Server:
         self.manager.dataplane = self.dataplane  # ensembles call their steps through it
         register_plugin_collectors(self.pm, self.dataplane, self.registry)
         self.ports: dict[str, int] = {}
-        self._http = self._grpc = self._metrics_httpd = None
-        self._http_task: asyncio.Task | None = None
+        self._http_servers: list[tuple[object, asyncio.Task]] = []  # (uvicorn server, its serve task)
+        self._grpc_servers: list = []
+        self._metrics_httpd = None
 
     async def start(self) -> None:
         """Open the listeners first (so liveness answers during long loads), then load models."""
@@ -62,7 +76,25 @@ class Server:
         log.info("modelplex ready: %s", self.ports)
 
     async def _start_http(self) -> None:
+        from .http.app import create_http_app
+
+        s = self.settings
+        app = create_http_app(self.dataplane, s, self.pm)
+        for wrap in reversed([w for ws in self.pm.hook.modelplex_http_middleware(settings=s) for w in ws or ()]):
+            app = wrap(app)
+        tls = self.pm.hook.modelplex_http_tls(settings=s)
+        if s.admin_http_port is None:
+            self._http_servers.append(await self._serve_http(app, s.host, s.http_port, "http", tls))
+            return
+        self._http_servers.append(await self._serve_http(AdminSplitMiddleware(app, False), s.host, s.http_port,
+                                                         "http", tls))
+        self._http_servers.append(await self._serve_http(AdminSplitMiddleware(app, True), s.admin_host or s.host,
+                                                         s.admin_http_port, "admin_http", tls))
+
+    async def _serve_http(self, app, host: str, port: int, name: str, tls: HttpTls | None):
         import uvicorn
+
+        from .http.protocol import CoalescingHttpToolsProtocol
 
         class QuietUvicorn(uvicorn.Server):
             """uvicorn without its own SIGINT/SIGTERM handlers: `serve()` owns the signals, so a
@@ -70,42 +102,39 @@ class Server:
 
             def capture_signals(self):
                 return contextlib.nullcontext()
-        from modelplex_admin.http_access import secure_http_app
-        from modelplex_admin.policy import AccessPolicy
-        from modelplex_admin.tls import uvicorn_ssl_options
 
-        from .http.app import create_http_app
-        from .http.protocol import CoalescingHttpToolsProtocol
-
-        security = self.settings.security
-        app = secure_http_app(create_http_app(self.dataplane, self.settings, self.pm),
-                              AccessPolicy(security, security.http_restricted))
-        sock = bind_socket(self.settings.host, self.settings.http_port)
-        self.ports["http"] = sock.getsockname()[1]
+        sock = bind_socket(host, port)
+        self.ports[name] = sock.getsockname()[1]
         config = uvicorn.Config(app, loop="none", http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False,
                                 log_level="warning", timeout_keep_alive=75, backlog=2048,
-                                proxy_headers=False, **uvicorn_ssl_options(security))
-        self._http = QuietUvicorn(config)
-        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
-        while not self._http.started:
+                                proxy_headers=False, **_uvicorn_ssl_options(tls))
+        server = QuietUvicorn(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                task.result()  # a failed start (e.g. an unreadable certificate) raises here
             await asyncio.sleep(0.01)
+        return server, task
 
     def num_inflight(self) -> int:
         """Requests and streams admitted by a model version and not finished yet."""
         return sum(mv.inflight for entry in self.manager.entries.values() for mv in entry.versions.values())
 
     async def _start_grpc(self) -> None:
-        from modelplex_admin.grpc_access import grpc_interceptors
-        from modelplex_admin.policy import AccessPolicy
-        from modelplex_admin.tls import grpc_server_credentials
-
         from .grpc.server import create_grpc_server
 
-        security = self.settings.security
-        self._grpc, self.ports["grpc"] = create_grpc_server(
-            self.dataplane, self.settings, grpc_interceptors(AccessPolicy(security, security.grpc_restricted)),
-            grpc_server_credentials(security))
-        await self._grpc.start()
+        s = self.settings
+        interceptors = [i for found in self.pm.hook.modelplex_grpc_interceptors(settings=s) for i in found or ()]
+        credentials = self.pm.hook.modelplex_grpc_credentials(settings=s)
+        listeners = [(s.host, s.grpc_port, "grpc", None)]
+        if s.admin_grpc_port is not None:
+            listeners = [(s.host, s.grpc_port, "grpc", AdminSplitInterceptor(False)),
+                         (s.admin_host or s.host, s.admin_grpc_port, "admin_grpc", AdminSplitInterceptor(True))]
+        for host, port, name, split in listeners:
+            server, self.ports[name] = create_grpc_server(self.dataplane, s, ([split] if split else []) + interceptors,
+                                                          credentials, host, port)
+            await server.start()
+            self._grpc_servers.append(server)
 
     async def stop(self, timeout: float | None = None, force: asyncio.Event | None = None) -> bool:
         """Graceful stop: turn not-ready and refuse new requests at once (the listeners stay open so
@@ -123,12 +152,13 @@ class Server:
         # Past the drain only responses already produced are left to send: a short grace, also
         # because an idle TLS connection would hold the exit until the SSL shutdown times out (30 s).
         remaining = 0.0 if force and force.is_set() else min(FLUSH_GRACE_SECS, max(0.5, deadline - time.monotonic()))
-        if self._grpc is not None:
-            await self._grpc.stop(remaining)
-        if self._http is not None:
-            self._http.config.timeout_graceful_shutdown = remaining
-            self._http.should_exit = True
-            await self._http_task
+        for grpc_server in self._grpc_servers:
+            await grpc_server.stop(remaining)
+        for http_server, _ in self._http_servers:
+            http_server.config.timeout_graceful_shutdown = remaining
+            http_server.should_exit = True
+        for _, task in self._http_servers:
+            await task
         if self._metrics_httpd is not None:
             self._metrics_httpd.close()
         await asyncio.to_thread(self.dataplane.tracing.shutdown)  # the spans still queued, for at most 2 s
@@ -140,9 +170,10 @@ class Server:
         return True
 
 
-async def serve(settings: ServerConfig, port_file: Path | None = None) -> None:
+async def serve(settings: ServerConfig, port_file: Path | None = None,
+                plugin_manager: pluggy.PluginManager | None = None) -> None:
     """Runs until SIGINT/SIGTERM, then stops gracefully; a second signal cuts the wait short."""
-    server = Server(settings)
+    server = Server(settings, plugin_manager)
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -3,26 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from .tensors import TensorLimits
 from .tracing import TraceConfig
-
-
-@dataclass
-class SecurityConfig:
-    """TLS and access control (`modelplex_admin` enforces it). Empty values mean "off"."""
-
-    admin_tokens: list[str] = field(default_factory=list)  # bearer tokens for model-control endpoints
-    api_keys: list[str] = field(default_factory=list)  # bearer keys for the inference group
-    # Triton's --http-restricted-api / --grpc-restricted-protocol: API group -> (header, value).
-    http_restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
-    grpc_restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
-    http_server_cert: Path | None = None
-    http_server_key: Path | None = None
-    http_root_cert: Path | None = None  # set: clients must present a certificate it signed
-    grpc_server_cert: Path | None = None
-    grpc_server_key: Path | None = None
-    grpc_root_cert: Path | None = None
-    grpc_use_ssl_mutual: bool = False
 
 
 @dataclass
@@ -42,7 +26,10 @@ class ServerConfig:
     allow_metrics: bool = True
     http_max_body_bytes: int = 64 * 1024 * 1024
     grpc_max_message_bytes: int = 64 * 1024 * 1024
+    tensor_limits: TensorLimits = field(default_factory=TensorLimits)  # per input tensor, at decode time
+    max_stream_secs: float = 3600.0  # a stream still running after this ends with an error (0: no limit)
     unload_timeout_secs: float = 30.0
+    model_load_timeout_secs: float = 600.0  # a load still running after this fails (0: no limit)
     exit_timeout_secs: float = 30.0  # how long a stop waits for in-flight requests and streams
     load_file_max_bytes: int = 512 * 1024 * 1024
     # Folders LoRA adapters may be loaded from (besides each model's own adapters/ folder).
@@ -50,4 +37,10 @@ class ServerConfig:
     server_id: str = "modelplex"
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config
     log_format: str = "text"  # --log-format text | json
-    security: SecurityConfig = field(default_factory=SecurityConfig)
+    # Model-control routes and RPCs (`api_groups.ADMIN_GROUPS`) on their own listeners, e.g. bound to
+    # an internal interface; None keeps them on the main ports.
+    admin_host: str | None = None  # default: `host`
+    admin_http_port: int | None = None
+    admin_grpc_port: int | None = None
+    # Values of the flags plugins add to `modelplex serve` (`modelplex_serve_options`), by dest name.
+    plugin_options: dict[str, Any] = field(default_factory=dict)

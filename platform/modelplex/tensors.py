@@ -35,13 +35,42 @@ TRITON_TO_CONFIG = {v: k for k, v in CONFIG_TO_TRITON.items() if k != "TYPE_BYTE
 BYTES_LENGTH = struct.Struct("<I")
 
 
-def split_bytes_elements(name: str, raw, count: int) -> np.ndarray:
+@dataclass(frozen=True, slots=True)
+class TensorLimits:
+    """What one input tensor may hold, checked while decoding, before the memory is taken. A BYTES
+    element costs ~40 bytes of Python object beyond its data, so many tiny elements would take
+    ~10x the body's size in memory: their count has a bound of its own."""
+
+    max_elements: int = 1 << 28  # --max-tensor-elements
+    max_bytes_elements: int = 1 << 20  # --max-bytes-elements
+    max_bytes_element_size: int = 64 << 20  # --max-bytes-element-size
+
+    def check_count(self, name: str, datatype: str, count: int) -> None:
+        if count > self.max_elements:
+            raise InvalidInput(f"input '{name}' has {count} elements; the server's limit is {self.max_elements} "
+                               "(--max-tensor-elements)")
+        if datatype == "BYTES" and count > self.max_bytes_elements:
+            raise InvalidInput(f"input '{name}' has {count} BYTES elements; the server's limit is "
+                               f"{self.max_bytes_elements} (--max-bytes-elements)")
+
+    def check_size(self, name: str, index: int, length: int) -> None:
+        if length > self.max_bytes_element_size:
+            raise InvalidInput(f"input '{name}': BYTES element {index} is {length} bytes; the server's limit is "
+                               f"{self.max_bytes_element_size} (--max-bytes-element-size)")
+
+
+DEFAULT_LIMITS = TensorLimits()
+
+
+def split_bytes_elements(name: str, raw, count: int, limits: TensorLimits = DEFAULT_LIMITS) -> np.ndarray:
     """Triton's BYTES wire format (HTTP binary data and gRPC raw contents alike): each element is a
     little-endian uint32 length and that many bytes. Returns an object array of `count` bytes."""
     end = len(raw)
+    limits.check_count(name, "BYTES", count)
     if count * 4 > end:  # before allocating: a huge shape must not cost memory
         raise InvalidInput(f"input '{name}': {end} bytes of binary data cannot hold the {count} BYTES elements "
                            "its shape needs")
+    max_size = limits.max_bytes_element_size
     out = np.empty(count, dtype=np.object_)
     offset = 0
     for i in range(count):
@@ -49,6 +78,8 @@ def split_bytes_elements(name: str, raw, count: int) -> np.ndarray:
             raise InvalidInput(f"input '{name}': binary BYTES data ends after {i} of {count} elements")
         (length,) = BYTES_LENGTH.unpack_from(raw, offset)
         offset += 4
+        if length > max_size:
+            limits.check_size(name, i, length)
         if offset + length > end:
             raise InvalidInput(f"input '{name}': BYTES element {i} is {length} bytes long but only "
                                f"{end - offset} bytes remain")

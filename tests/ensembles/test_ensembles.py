@@ -145,3 +145,28 @@ def test_reloading_an_ensemble_to_call_itself_is_refused_and_the_loaded_one_keep
         http.load_model("ensemble_add_sub", config=json.dumps(config))
     assert "ensemble 'ensemble_add_sub' step 2 (model 'ensemble_add_sub'): ensembles use each other" in e.value.message()
     np.testing.assert_array_equal(infer(server, "grpc", "ensemble_add_sub").as_numpy("OUTPUT0"), A + B)
+
+
+def test_a_step_model_reloaded_with_other_types_turns_its_ensemble_unavailable_until_it_fits(ensemble_repo):
+    """`simple` comes back as a BYTES model (simple_string's file and config under its name): the
+    loaded ensemble's steps are checked again at once, and it recovers when `simple` fits again."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    with ServerProcess([ensemble_repo], "--model-control-mode", "explicit", "--load-model", "ensemble_add_sub") as s:
+        http = client(s, "http")
+        text = (ensemble_repo / "simple_string" / "config.pbtxt").read_text().replace("simple_string", "simple")
+        config = json_format.MessageToJson(text_format.Parse(text, model_config_pb2.ModelConfig()))
+        model = (ensemble_repo / "simple_string" / "1" / "model.onnx").read_bytes()
+        http.load_model("simple", config=config, files={"file:1/model.onnx": model})
+        assert http.is_model_ready("simple") and not http.is_model_ready("ensemble_add_sub")
+        row = next(r for r in http.get_model_repository_index() if r["name"] == "ensemble_add_sub")
+        assert row["state"] == "UNAVAILABLE"
+        assert "step 1 (model 'simple')" in row["reason"] and "after 'simple' was reloaded" in row["reason"], row
+        with pytest.raises(InferenceServerException) as refused:
+            infer(s, "grpc", "ensemble_add_sub")
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+
+        http.load_model("simple")  # back to the repository's INT32 model
+        assert http.is_model_ready("ensemble_add_sub")
+        np.testing.assert_array_equal(infer(s, "http", "ensemble_add_sub").as_numpy("OUTPUT0"), A + B)

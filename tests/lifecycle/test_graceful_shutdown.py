@@ -66,8 +66,9 @@ def slow_infer(url: str, ms: int) -> int:
     return int(client.infer("slow", [tensor]).as_numpy("OUT")[0])
 
 
-def repeat_stream(url: str, values: list[int], delay_ms: int) -> list:
-    """One gRPC stream of `repeat_int32`: the OUT values received, then "FINAL" (or the error)."""
+def repeat_stream(url: str, values: list[int], delay_ms: int, started: threading.Semaphore | None = None) -> list:
+    """One gRPC stream of `repeat_int32`: the OUT values received, then "FINAL" (or the error);
+    `started` is released when the first response arrives."""
     client = grpcclient.InferenceServerClient(url)
     received: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: received.put((result, error)))
@@ -87,6 +88,8 @@ def repeat_stream(url: str, values: list[int], delay_ms: int) -> list:
             if result.get_response().parameters["triton_final_response"].bool_param:
                 return out + ["FINAL"]
             out.append(int(result.as_numpy("OUT")[0]))
+            if started is not None and len(out) == 1:
+                started.release()
     finally:
         client.stop_stream()
         client.close()
@@ -113,17 +116,25 @@ def grpc_health(url: str) -> int:
         return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
 
 
+NUM_STREAMS = 50
+
+
 def test_sigterm_drains_requests_and_streams(slow_repo):
     with start(slow_repo, exit_timeout=30) as s:
         http_url = f"http://{s.http_url}"
         assert httpx.get(f"{http_url}/v2/health/ready").status_code == 200
-        # 6 requests of 1.5 s on 2 instances: 4.5 s of work, most of it still queued at the signal.
-        calls = {f"infer{i}": (slow_infer, s.http_url, 1500 + i) for i in range(6)}
-        calls |= {f"stream{i}": (repeat_stream, s.grpc_url, [i, i + 10, i + 20, i + 30, i + 40, i + 50], 300)
-                  for i in range(3)}
+        # 50 streams of 12 responses 500 ms apart, signalled once every one is running (has answered once).
+        started = threading.Semaphore(0)
+        calls = {f"stream{i}": (repeat_stream, s.grpc_url, [i + 100 * k for k in range(12)], 500, started)
+                 for i in range(NUM_STREAMS)}
         threads, results = run_in_threads(calls)
+        for _ in range(NUM_STREAMS):
+            assert started.acquire(timeout=60), f"streams never started: {results}"
+        # 6 requests of 1.5 s on 2 instances: 4.5 s of work, most of it still queued at the signal.
+        more_threads, more_results = run_in_threads({f"infer{i}": (slow_infer, s.http_url, 1500 + i) for i in range(6)})
+        threads += more_threads
         time.sleep(0.5)
-        assert not results, f"calls ended before the signal: {results}"
+        assert not results and not more_results, f"calls ended before the signal: {results} {more_results}"
         s.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
 
@@ -148,10 +159,9 @@ def test_sigterm_drains_requests_and_streams(slow_repo):
             t.join(60)
         assert s.proc.wait(30) == 0, s.log()
         took = time.monotonic() - signalled
-        assert {k: v for k, v in results.items() if k.startswith("infer")} == {
-            f"infer{i}": 1500 + i for i in range(6)}
-        for i in range(3):
-            assert results[f"stream{i}"] == [i, i + 10, i + 20, i + 30, i + 40, i + 50, "FINAL"]
+        assert more_results == {f"infer{i}": 1500 + i for i in range(6)}
+        for i in range(NUM_STREAMS):
+            assert results[f"stream{i}"] == [i + 100 * k for k in range(12)] + ["FINAL"], i
         assert took >= 3.0, f"exited {took:.1f}s after SIGTERM: before the queued requests could finish"
 
 

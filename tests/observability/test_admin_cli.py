@@ -72,3 +72,24 @@ def test_unreachable_server_exits_3_and_usage_errors_exit_2(capsys):
     proc = subprocess.run([sys.executable, "-m", "modelplex", "models", "list", "--url", f"http://127.0.0.1:{port}"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3 and "cannot reach the server" in proc.stderr
+
+
+def test_the_admin_token_comes_from_a_flag_the_environment_or_a_file(example_repo, tmp_path, capsys, monkeypatch):
+    token_file = tmp_path / "admin-token"
+    token_file.write_text("cli-secret\n")
+    with ServerProcess([example_repo], "--model-control-mode", "explicit", "--load-model", "simple",
+                       "--admin-token-file", str(token_file)) as s:
+        url = f"http://{s.http_url}"
+        code, _, err = run(capsys, "models", "list", "--url", url)
+        assert code == 1 and "401" in err and "admin token" in err
+        assert run(capsys, "models", "list", "--url", url, "--token", "wrong")[0] == 1
+        assert run(capsys, "models", "list", "--url", url, "--token", "cli-secret")[0] == 0
+        assert run(capsys, "models", "list", "--url", url, "--token-file", str(token_file))[0] == 0
+        monkeypatch.setenv("MODELPLEX_TOKEN_FILE", str(token_file))
+        assert run(capsys, "models", "unload", "simple", "--url", url)[0] == 0
+        monkeypatch.delenv("MODELPLEX_TOKEN_FILE")
+        monkeypatch.setenv("MODELPLEX_TOKEN", "cli-secret")
+        assert run(capsys, "models", "load", "simple", "--url", url)[0] == 0
+        code, _, err = run(capsys, "models", "list", "--url", url, "--token-file", str(tmp_path / "missing"),
+                           "--token", "")
+        assert code == 2 and "--token-file" in err

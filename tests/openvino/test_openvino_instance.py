@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from ov_models import expected_linear, instance_context, linear_model, linear_onnx, write_ir
 from modelplex import InferRequest, InferTensor, InvalidInput, RequestedOutput
+from modelplex.batch_merge import merge_requests, split_response
 from modelplex.model_config import parse_pbtxt
-from modelplex_openvino.batch import merge_requests
 from modelplex_openvino.devices import configured_device, select_device
 from modelplex_openvino.instance import OpenVINOInstance
 from modelplex_openvino.static_shapes import make_static, needs_static_shapes
@@ -94,7 +94,7 @@ def test_concurrent_requests_run_on_every_infer_request(tmp_path):
 
 
 def test_a_batch_of_requests_is_one_run(tmp_path):
-    """What the dynamic batcher hands over runs once, and each request gets its own rows and outputs."""
+    """A dynamic batch the host merged runs once, and each request gets its own rows and outputs."""
     config = LINEAR_CONFIG + 'parameters { key: "PERFORMANCE_HINT" value { string_value: "LATENCY" } }\n'
     instance = OpenVINOInstance(instance_context(write_ir(tmp_path, "linear", None), config))
     assert instance.num_requests == 1 == instance.max_concurrency
@@ -103,18 +103,11 @@ def test_a_batch_of_requests_is_one_run(tmp_path):
     x = np.arange(16, dtype=np.float32).reshape(4, 4) - 6
     batch = [request(x[:1]), request(x[1:3]), request(x[3:])]
     batch[1].outputs = [RequestedOutput("y")]
-    responses = asyncio.run(instance.execute(batch))
+    responses = split_response(asyncio.run(instance.execute([merge_requests(batch)]))[0], batch)
     assert counter.num_runs == 1
     for response, rows in zip(responses, (x[:1], x[1:3], x[3:])):
         assert [t.name for t in response.outputs] == ["y"] and response.outputs[0].shape == [len(rows), 3]
         np.testing.assert_allclose(response.outputs[0].data, expected_linear(rows), rtol=1e-6)
-
-
-def test_requests_that_cannot_share_a_run_are_not_merged():
-    a = request(np.ones((2, 4), np.float32))
-    assert merge_requests([a, request(np.ones((2, 5), np.float32))], 8, ["y"]) is None  # other non-batch shape
-    assert merge_requests([a, a, a], 5, ["y"]) is None  # 6 rows > max_batch_size
-    assert merge_requests([a, a], 4, ["y"]).inputs[0].shape == [4, 4]
 
 
 def test_the_second_load_comes_from_cache_dir(tmp_path):

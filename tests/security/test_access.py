@@ -13,7 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from modelplex_admin.policy import GRPC_METHODS, HTTP_ROUTES, parse_restriction
+from modelplex.api_groups import GRPC_METHODS, HTTP_ROUTES
+from modelplex_admin.policy import parse_restriction
 from serverproc import ServerProcess
 
 ADMIN, KEY, STATS = "admin-7c1f", "key-42aa", "stats-9"
@@ -162,7 +163,7 @@ def test_every_route_and_method_declares_its_group(example_repo):
     server = Server(ServerConfig(model_repositories=[example_repo]))
     app = create_http_app(server.dataplane, server.settings, server.pm).app
     undeclared = [p for p in declared_http_paths(app) if not any(r.fullmatch(p) for r, _ in HTTP_ROUTES)]
-    assert not undeclared, f"add these HTTP routes to modelplex_admin.policy.HTTP_ROUTES: {undeclared}"
+    assert not undeclared, f"add these HTTP routes to modelplex.api_groups.HTTP_ROUTES: {undeclared}"
     methods = [f"/{service.full_name}/{m.name}" for service in (
         service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"],
         health_pb2.DESCRIPTOR.services_by_name["Health"]) for m in service.methods]

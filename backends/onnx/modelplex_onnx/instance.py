@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
-                       ModelInstance)
+                       ModelInstance, ModelplexError)
 from modelplex.config_completion import check_config
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
@@ -55,7 +55,7 @@ class OnnxInstance(ModelInstance):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"onnx-{ictx.name}")
         self._run_ns_estimate: int | None = None  # None until the first run (made on the thread)
 
-    async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
+    async def execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
         estimate = self._run_ns_estimate
         if estimate is not None and estimate < INLINE_RUN_NS:
             return self._execute(requests)
@@ -66,37 +66,22 @@ class OnnxInstance(ModelInstance):
         self.session = None
 
     # ---- on the instance's thread (or inline, for runs under INLINE_RUN_NS) --------------
-    def _execute(self, requests: list[InferRequest]) -> list[InferResponse]:
-        if len(requests) > 1 and self.max_batch_size > 0:
-            merged = self._execute_merged(requests)
-            if merged is not None:
-                return merged
-        return [self._execute_one(r) for r in requests]
+    def _execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
+        """One run per request (the host merges a dynamic batch into one request beforehand); a
+        request's own error is its entry, so the others still get their answers."""
+        results: list[InferResponse | ModelplexError] = []
+        for request in requests:
+            try:
+                results.append(self._execute_one(request))
+            except ModelplexError as e:
+                results.append(e)
+        return results
 
     def _execute_one(self, request: InferRequest) -> InferResponse:
         names = [o.name for o in request.outputs] if request.outputs else self._output_names
         feeds = {t.name: self._feed(t.name, t.data) for t in request.inputs}
         results = self._run(names, feeds)
         return InferResponse(self.model_name, "", [self._output(n, a) for n, a in zip(names, results)])
-
-    def _execute_merged(self, requests: list[InferRequest]) -> list[InferResponse] | None:
-        """One run for several requests of a batching model, concatenated along dim 0 and split
-        back; None when their non-batch shapes differ (then each runs alone)."""
-        shapes = {t.name: t.data.shape[1:] for t in requests[0].inputs}
-        if any({t.name: t.data.shape[1:] for t in r.inputs} != shapes for r in requests[1:]):
-            return None
-        wanted = [[o.name for o in r.outputs] if r.outputs else self._output_names for r in requests]
-        names = list(dict.fromkeys(n for w in wanted for n in w))
-        feeds = {name: self._feed(name, np.concatenate([r.input(name).data for r in requests]))
-                 for name in shapes}
-        results = dict(zip(names, self._run(names, feeds)))
-        responses, start = [], 0
-        for request, request_names in zip(requests, wanted):
-            end = start + request.inputs[0].data.shape[0]
-            outputs = [self._output(n, results[n][start:end]) for n in request_names]
-            responses.append(InferResponse(self.model_name, "", outputs))
-            start = end
-        return responses
 
     def _run(self, names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         start = time.perf_counter_ns()

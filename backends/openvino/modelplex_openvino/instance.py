@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
-                       ModelInstance)
+                       ModelInstance, ModelplexError)
 from modelplex.config_completion import check_config
 
-from .batch import merge_requests, split_response
 from .devices import configured_device, select_device, shared_core
 from .properties import check_precision, compile_properties, is_yes
 from .signature import MODEL_FORMAT, model_signature, openvino_reason, read_model
@@ -104,13 +103,16 @@ class OpenVINOInstance(ModelInstance):
         """The compiled model came from `CACHE_DIR` instead of being compiled again."""
         return self._property("LOADED_FROM_CACHE") == "True"
 
-    async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
+    async def execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
+        """One run per request, concurrently over the infer requests (the host merges a dynamic
+        batch into one request beforehand); a request's own error is its entry."""
         if len(requests) == 1:
             return [await self._infer(requests[0])]
-        merged = merge_requests(requests, self.max_batch_size, self._output_names) if self.max_batch_size else None
-        if merged is not None:
-            return split_response(await self._infer(merged), requests)
-        return list(await asyncio.gather(*(self._infer(r) for r in requests)))
+        results = await asyncio.gather(*(self._infer(r) for r in requests), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, ModelplexError):
+                raise result
+        return results
 
     async def _infer(self, request: InferRequest) -> InferResponse:
         infer_request = await self._idle.get()

@@ -39,7 +39,8 @@ def modelplex_backends():
 
     # No platform string: Triton has none for OpenVINO, only the backend name.
     return [BackendSpec(name="openvino", default_model_filename=DEFAULT_MODEL_FILENAME, create_instance=_create_instance,
-                        auto_complete_config=_auto_complete_config, max_concurrency_per_instance=MAX_CONCURRENCY)]
+                        auto_complete_config=_auto_complete_config, max_concurrency_per_instance=MAX_CONCURRENCY,
+                        merges_batches=True)]
 
 
 @hookimpl

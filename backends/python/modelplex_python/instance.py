@@ -14,7 +14,7 @@ import subprocess
 from typing import AsyncIterator
 
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
-                       ModelInstance, NotFound, Unavailable, Unsupported)
+                       ModelInstance, ModelplexError, NotFound, Unavailable, Unsupported)
 
 from .server_calls import serve_bls, serve_control
 from .config import worker_init
@@ -62,7 +62,7 @@ class PythonInstance(ModelInstance):
             raise InvalidInput(f"model '{self.model_name}': {e}") from None
 
     # ---- the host's side ------------------------------------------------------------------
-    async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
+    async def execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
         call_id, future = self._open_call(asyncio.get_running_loop().create_future())
         self._send_execute(call_id, requests)
         try:
@@ -75,7 +75,13 @@ class PythonInstance(ModelInstance):
         if len(responses) != len(requests):
             raise InternalError(f"model '{self.model_name}' returned {len(responses)} responses "
                                 f"for {len(requests)} requests")
-        return [self._response(desc, buffers) for desc in responses]
+        results: list[InferResponse | ModelplexError] = []
+        for desc in responses:  # a response carrying an error fails its own request only
+            try:
+                results.append(self._response(desc, buffers))
+            except ModelplexError as e:
+                results.append(e)
+        return results
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         call_id, executed = None, False

@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InvalidInput, Unsupported
 from ..tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
-                       BYTES_LENGTH, split_bytes_elements)
+                       BYTES_LENGTH, DEFAULT_LIMITS, TensorLimits, split_bytes_elements)
 
 # The wire is little-endian; on a little-endian host these equal the native dtypes (no byte swapping).
 WIRE_DTYPES = {name: np.dtype(t).newbyteorder("<") for name, t in TRITON_TO_NUMPY.items() if name != "BYTES"}
@@ -31,12 +31,12 @@ _INT64_MAX = 2**63 - 1
 
 
 # ---- requests -----------------------------------------------------------------------------
-def decode_request(msg: pb.ModelInferRequest) -> InferRequest:
+def decode_request(msg: pb.ModelInferRequest, limits: TensorLimits = DEFAULT_LIMITS) -> InferRequest:
     raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise InvalidInput(f"raw_input_contents must hold one entry per input: got {len(raw)} "
                            f"for {len(msg.inputs)} inputs")
-    inputs = [decode_tensor(t, raw[i] if raw else None) for i, t in enumerate(msg.inputs)]
+    inputs = [decode_tensor(t, raw[i] if raw else None, limits) for i, t in enumerate(msg.inputs)]
     outputs = [RequestedOutput(o.name, decode_parameters(o.parameters)) for o in msg.outputs]
     return InferRequest(msg.model_name, inputs, msg.model_version, msg.id, outputs,
                         decode_parameters(msg.parameters))
@@ -49,7 +49,8 @@ def decode_parameters(params) -> dict:
     return {key: getattr(p, p.WhichOneof("parameter_choice") or "string_param") for key, p in params.items()}
 
 
-def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> InferTensor:
+def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None,
+                  limits: TensorLimits = DEFAULT_LIMITS) -> InferTensor:
     params = t.parameters
     if params and "shared_memory_region" in params:
         raise Unsupported(f"input '{t.name}': shared memory inputs are not supported")
@@ -58,22 +59,23 @@ def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -
         raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape}")
     count = math.prod(shape)
     datatype = t.datatype
+    limits.check_count(t.name, datatype, count)
     if raw is not None:
         if t.HasField("contents"):
             raise InvalidInput(f"input '{t.name}' carries both raw_input_contents and typed contents")
-        data = _from_raw(t.name, datatype, raw, count)
+        data = _from_raw(t.name, datatype, raw, count, limits)
     elif t.HasField("contents"):
-        data = _from_contents(t.name, datatype, t.contents, count)
+        data = _from_contents(t.name, datatype, t.contents, count, limits)
     elif count == 0:
-        data = _from_raw(t.name, datatype, b"", 0)
+        data = _from_raw(t.name, datatype, b"", 0, limits)
     else:
         raise InvalidInput(f"input '{t.name}' has no data: set raw_input_contents or contents")
     return InferTensor(t.name, datatype, shape, data.reshape(shape), decode_parameters(params))
 
 
-def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
+def _from_raw(name: str, datatype: str, raw: bytes, count: int, limits: TensorLimits) -> np.ndarray:
     if datatype == "BYTES":
-        return split_bytes_elements(name, raw, count)
+        return split_bytes_elements(name, raw, count, limits)
     dtype = WIRE_DTYPES.get(datatype)
     if dtype is None:
         raise InvalidInput(f"input '{name}' has unsupported datatype '{datatype}'")
@@ -84,7 +86,8 @@ def _from_raw(name: str, datatype: str, raw: bytes, count: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype)
 
 
-def _from_contents(name: str, datatype: str, contents: pb.InferTensorContents, count: int) -> np.ndarray:
+def _from_contents(name: str, datatype: str, contents: pb.InferTensorContents, count: int,
+                   limits: TensorLimits) -> np.ndarray:
     field = CONTENTS_FIELD.get(datatype)
     if field is None:
         raise InvalidInput(f"input '{name}': datatype '{datatype}' can only be sent in raw_input_contents"
@@ -96,6 +99,9 @@ def _from_contents(name: str, datatype: str, contents: pb.InferTensorContents, c
     if datatype == "BYTES":
         items = np.empty(count, dtype=np.object_)
         items[:] = list(values)
+        for i, value in enumerate(values):
+            if len(value) > limits.max_bytes_element_size:
+                limits.check_size(name, i, len(value))
         return items
     try:
         return np.fromiter(values, dtype=WIRE_DTYPES[datatype], count=count)

@@ -28,8 +28,10 @@ def server_options(settings: ServerConfig) -> list[tuple[str, int]]:
 
 
 def create_grpc_server(dataplane: DataPlane, settings: ServerConfig, interceptors=(),
-                       credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.aio.Server, int]:
-    """An unstarted server and the port it bound (the real one when `settings.grpc_port` is 0);
+                       credentials: grpc.ServerCredentials | None = None, host: str | None = None,
+                       port: int | None = None) -> tuple[grpc.aio.Server, int]:
+    """An unstarted server and the port it bound on `host` (the real one when `port` is 0; both
+    default to the settings' `host` and `grpc_port`);
     `interceptors` run before every method, `credentials` make the port a TLS one.
 
     grpc.aio on the server's own event loop: the sync `grpc.server` costs about as much per call once
@@ -38,9 +40,10 @@ def create_grpc_server(dataplane: DataPlane, settings: ServerConfig, interceptor
     server = grpc.aio.server(options=server_options(settings), interceptors=list(interceptors))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(dataplane), server)
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    address = f"{host}:{settings.grpc_port}"
-    port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
-    if port == 0:
-        raise RuntimeError(f"gRPC could not bind {host}:{settings.grpc_port}")
-    return server, port
+    host = settings.host if host is None else host
+    port = settings.grpc_port if port is None else port
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    bound = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
+    if bound == 0:
+        raise RuntimeError(f"gRPC could not bind {address}")
+    return server, bound

@@ -56,13 +56,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         tracing = self.dataplane.tracing
         if tracing.enabled and tracing.sample(request.model_name):
             return await self._traced_infer(request, context)
-        return encode_response(await self.dataplane.infer(decode_request(request)))
+        return encode_response(await self.dataplane.infer(decode_request(request, self.dataplane.settings.tensor_limits)))
 
     async def _traced_infer(self, request, context):
         carrier = headers_carrier(context.invocation_metadata() or ())
         attributes = {"rpc.system": "grpc", "rpc.method": "ModelInfer", "model": request.model_name}
         with self.dataplane.tracing.request_span("ModelInfer", carrier, attributes):
-            return encode_response(await self.dataplane.infer(decode_request(request)))
+            return encode_response(await self.dataplane.infer(decode_request(request, self.dataplane.settings.tensor_limits)))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests are served concurrently; responses go out as they come, errors as `error_message`."""
@@ -103,7 +103,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Triton's flags: a non-decoupled model's one response is final; a decoupled model's responses
         are not, and its end is an empty final response when the request asks for one."""
         try:
-            request = decode_request(msg)
+            request = decode_request(msg, self.dataplane.settings.tensor_limits)
             config = self.dataplane.model_config(request.model_name, request.model_version)
             decoupled = config.model_transaction_policy.decoupled
             version = request.model_version

@@ -13,7 +13,7 @@ import orjson
 
 from ..errors import InternalError, InvalidInput
 from ..tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
-                       BYTES_LENGTH, split_bytes_elements)
+                       BYTES_LENGTH, DEFAULT_LIMITS, TensorLimits, split_bytes_elements)
 
 # Little-endian dtypes as the wire carries them (BYTES has its own length-prefixed format).
 _WIRE_DTYPES = {k: np.dtype(v).newbyteorder("<") for k, v in TRITON_TO_NUMPY.items() if k != "BYTES"}
@@ -38,7 +38,7 @@ class OutputFormat:
 
 # ---- request --------------------------------------------------------------------------------
 def decode_request(body: bytes | bytearray, header_length: int | None, model_name: str,
-                   model_version: str = "") -> tuple[InferRequest, OutputFormat]:
+                   model_version: str = "", limits: TensorLimits = DEFAULT_LIMITS) -> tuple[InferRequest, OutputFormat]:
     """Parse a v2 infer body. `body` as a bytearray gives writable zero-copy binary inputs."""
     size = len(body)
     if header_length is None:
@@ -59,7 +59,7 @@ def decode_request(body: bytes | bytearray, header_length: int | None, model_nam
     offset = header_length
     tensors = []
     for item in inputs:
-        tensor, offset = _decode_input(item, view, offset, size)
+        tensor, offset = _decode_input(item, view, offset, size, limits)
         tensors.append(tensor)
     if offset != size:
         raise InvalidInput(f"the body carries {size - header_length} bytes of binary tensor data but the inputs' "
@@ -74,7 +74,7 @@ def decode_request(body: bytes | bytearray, header_length: int | None, model_nam
     return InferRequest(model_name, tensors, model_version, request_id, outputs, parameters), fmt
 
 
-def _decode_input(item, view: memoryview, offset: int, size: int) -> tuple[InferTensor, int]:
+def _decode_input(item, view: memoryview, offset: int, size: int, limits: TensorLimits) -> tuple[InferTensor, int]:
     if type(item) is not dict:
         raise InvalidInput("each entry of 'inputs' must be a JSON object")
     name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -91,6 +91,7 @@ def _decode_input(item, view: memoryview, offset: int, size: int) -> tuple[Infer
         count *= d
     if datatype != "BYTES" and datatype not in _WIRE_DTYPES:
         raise InvalidInput(f"input '{name}' has unsupported datatype '{datatype}'")
+    limits.check_count(name, datatype, count)
     parameters = _dict(item.get("parameters"), f"input '{name}' parameters")
     if "shared_memory_region" in parameters:
         raise InvalidInput(f"input '{name}': shared memory inputs are not supported over this server's HTTP API")
@@ -105,18 +106,18 @@ def _decode_input(item, view: memoryview, offset: int, size: int) -> tuple[Infer
         if end > size:
             raise InvalidInput(f"input '{name}' declares {binary_size} bytes of binary data but only "
                                f"{size - offset} bytes are left in the body")
-        array = _from_binary(name, datatype, view[offset:end], count)
+        array = _from_binary(name, datatype, view[offset:end], count, limits)
         offset = end
     elif data is None:
         raise InvalidInput(f"input '{name}' has neither 'data' nor a binary_data_size")
     else:
-        array = _from_json(name, datatype, data, count)
+        array = _from_json(name, datatype, data, count, limits)
     return InferTensor(name, datatype, shape, array.reshape(shape), parameters), offset
 
 
-def _from_binary(name: str, datatype: str, chunk: memoryview, count: int) -> np.ndarray:
+def _from_binary(name: str, datatype: str, chunk: memoryview, count: int, limits: TensorLimits) -> np.ndarray:
     if datatype == "BYTES":
-        return split_bytes_elements(name, chunk, count)
+        return split_bytes_elements(name, chunk, count, limits)
     dtype = _WIRE_DTYPES[datatype]
     if len(chunk) != count * dtype.itemsize:
         raise InvalidInput(f"input '{name}': binary_data_size is {len(chunk)} bytes but shape and datatype "
@@ -124,11 +125,11 @@ def _from_binary(name: str, datatype: str, chunk: memoryview, count: int) -> np.
     return np.frombuffer(chunk, dtype=dtype)
 
 
-def _from_json(name: str, datatype: str, data, count: int) -> np.ndarray:
+def _from_json(name: str, datatype: str, data, count: int, limits: TensorLimits) -> np.ndarray:
     if type(data) is not list:
         raise InvalidInput(f"input '{name}': 'data' must be a list")
     if datatype == "BYTES":
-        return _json_strings(name, data, count)
+        return _json_strings(name, data, count, limits)
     if datatype == "FP16":  # as Triton: JSON numbers cannot say which half-precision value is meant
         raise InvalidInput(f"receiving FP16 data via JSON is not supported. Please use the binary data format "
                            f"for input '{name}'")
@@ -165,7 +166,7 @@ def _exact_integers(name: str, datatype: str, values: np.ndarray, dtype: np.dtyp
         raise InvalidInput(f"input '{name}': a value in 'data' is out of range for {datatype}") from None
 
 
-def _json_strings(name: str, data: list, count: int) -> np.ndarray:
+def _json_strings(name: str, data: list, count: int, limits: TensorLimits) -> np.ndarray:
     flat = _flatten(data) if data and type(data[0]) is list else data
     if len(flat) != count:
         raise InvalidInput(f"input '{name}': shape needs {count} elements but 'data' has {len(flat)}")
@@ -174,6 +175,8 @@ def _json_strings(name: str, data: list, count: int) -> np.ndarray:
         if type(s) is not str:
             raise InvalidInput(f"input '{name}' has datatype BYTES: every element of 'data' must be a string")
         out[i] = s.encode()
+        if len(out[i]) > limits.max_bytes_element_size:
+            limits.check_size(name, i, len(out[i]))
     return out
 
 

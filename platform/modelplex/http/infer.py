@@ -31,6 +31,7 @@ class InferEndpoint:
     def __init__(self, dataplane: DataPlane, settings: ServerConfig):
         self.dataplane = dataplane
         self.max_body_bytes = settings.http_max_body_bytes
+        self.limits = settings.tensor_limits
 
     async def __call__(self, scope, receive, send, model: str, version: str | None) -> None:
         headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in _WANTED}
@@ -76,7 +77,7 @@ class InferEndpoint:
         header_length = headers.get(b"inference-header-content-length")
         if header_length is not None:
             header_length = parse_length(header_length, "Inference-Header-Content-Length")
-        request, fmt = decode_request(body, header_length, model, version)
+        request, fmt = decode_request(body, header_length, model, version, self.limits)
         response = await self.dataplane.infer(request)
         payload, json_length = encode_response(response, fmt)
         if json_length is None:
