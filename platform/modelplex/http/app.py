@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from ..dataplane import DataPlane
 from ..settings import ServerConfig
@@ -12,6 +13,7 @@ from .errors import install_error_handlers
 from .generate import create_generate_router
 from .infer import INFER_PATH, InferEndpoint
 from .observability import create_observability_router
+from .openapi import openapi_document
 from .routes import create_router
 
 
@@ -50,4 +52,10 @@ def create_http_app(dataplane: DataPlane, settings: ServerConfig, pm=None) -> Fr
         for routers in pm.hook.modelplex_http_routers(dataplane=dataplane):
             for router in routers or ():
                 app.include_router(router)
+    document = openapi_document(app)  # once: the routes are all mounted by now
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi():
+        return JSONResponse(document)
+
     return FrontDoor(app, InferEndpoint(dataplane, settings), dataplane.tracing)

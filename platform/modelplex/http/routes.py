@@ -144,8 +144,8 @@ def create_router(dataplane: DataPlane, settings: ServerConfig) -> APIRouter:
         return json_response({})
 
     # Triton extensions with no implementation here answer 501 with a reason instead of a bare 404.
-    @router.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"])
-    @router.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"])
+    @router.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"], include_in_schema=False)
+    @router.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"], include_in_schema=False)
     async def not_implemented(request: Request):
         raise Unsupported(f"{request.url.path} is not supported by this server's HTTP API"
                           + ("; send tensors in the request body" if "sharedmemory" in request.url.path else ""))
