@@ -121,3 +121,10 @@ def test_a_stream_past_its_time_limit_ends_with_an_error_and_the_next_one_runs(b
     assert 1.2 < time.monotonic() - t0 < 5
     assert 5 <= len(cut) - 1 < 40 and "--max-stream-secs" in cut[-1], cut
     assert stream(bounded.grpc_url, 3, 10) == [0, 1, 2, "FINAL"]
+
+
+def test_generate_text_past_the_element_size_is_400(bounded):
+    """The generate route (and the OpenAI routes, through the same check) bound prompt text too."""
+    r = httpx.post(f"http://{bounded.http_url}/v2/models/simple_string/generate",
+                   json={"INPUT0": "123456789", "INPUT1": "1"}, timeout=10)
+    assert r.status_code == 400 and "--max-bytes-element-size" in r.json()["error"], r.text

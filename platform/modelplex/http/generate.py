@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from ..dataplane import DataPlane
 from ..errors import InvalidInput, ModelplexError
-from ..tensors import InferRequest, InferResponse, InferTensor, numpy_dtype
+from ..tensors import InferRequest, InferResponse, InferTensor, TensorLimits, numpy_dtype
 from .routes import json_response, read_json_object
 from .body import ClientGone
 from .sse import CLIENT_CLOSED, first_and_rest, relay, sse_event, sse_response, until_disconnected
@@ -37,21 +37,23 @@ def generate_request(dataplane: DataPlane, model: str, version: str, body: dict)
         if name not in inputs:
             parameters[name] = value
             continue
-        tensors.append(_tensor(name, inputs[name], value, batched))
+        tensors.append(_tensor(name, inputs[name], value, batched, dataplane.settings.tensor_limits))
     if not tensors:
         raise InvalidInput(f"the request names none of model '{model}''s inputs ({', '.join(inputs)})")
     return InferRequest(model, tensors, version, request_id, parameters=parameters)
 
 
-def _tensor(name: str, datatype: str, value, batched: bool) -> InferTensor:
+def _tensor(name: str, datatype: str, value, batched: bool, limits: TensorLimits) -> InferTensor:
     if datatype == "BYTES":
-        text = value if isinstance(value, str) else orjson.dumps(value).decode()
-        array = np.array([text.encode()], dtype=np.object_)
+        text = (value if isinstance(value, str) else orjson.dumps(value).decode()).encode()
+        limits.check_size(name, 0, len(text))  # e.g. the prompt
+        array = np.array([text], dtype=np.object_)
     else:
         try:
             array = np.array(value, dtype=numpy_dtype(datatype)).reshape(-1)
         except (TypeError, ValueError):
             raise InvalidInput(f"input '{name}' must hold {datatype} values, got {value!r}") from None
+        limits.check_count(name, datatype, array.size)
     return InferTensor.from_numpy(name, array.reshape((1, -1) if batched else (-1,)))
 
 

@@ -40,8 +40,11 @@ async def read_json(request: Request, limit: int) -> dict:
 def infer_request(dataplane: DataPlane, model: str, inputs: dict[str, str], adapter: str | None = None) -> InferRequest:
     """BYTES tensors of one element each (with a batch dimension if the model batches)."""
     shape = (1, 1) if dataplane.model_config(model).max_batch_size > 0 else (1,)
-    tensors = [InferTensor.from_numpy(name, np.array([value.encode()], dtype=np.object_).reshape(shape))
-               for name, value in inputs.items()]
+    tensors = []
+    for name, value in inputs.items():
+        encoded = value.encode()
+        dataplane.settings.tensor_limits.check_size(name, 0, len(encoded))  # the prompt (or messages)
+        tensors.append(InferTensor.from_numpy(name, np.array([encoded], dtype=np.object_).reshape(shape)))
     return InferRequest(model, tensors, parameters={LORA_PARAMETER: adapter} if adapter else {})
 
 
