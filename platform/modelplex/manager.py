@@ -6,7 +6,6 @@ versions up before old ones go away, so requests in between keep being served.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextvars
 import logging
 import shutil
@@ -18,7 +17,7 @@ from . import model_config as mc
 from .adapters import AdapterSource, static_sources
 from .backend import BackendSpec, ModelContext
 from .errors import InvalidInput, ModelplexError, NotFound, Unavailable
-from .model_version import ModelState, ModelVersion
+from .model_version import ModelVersion
 from .repository import ModelLocation, ModelRepository, check_name, confined
 from .settings import ServerConfig
 from .stats import ModelStats

@@ -2,7 +2,6 @@
 in-flight request and stream finishes, exit code 0; and `--exit-timeout-secs` bounds the wait."""
 from __future__ import annotations
 
-import queue
 import shutil
 import signal
 import threading
@@ -19,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from serverproc import ServerProcess
+from stream_clients import repeat_stream
 
 REPEAT = Path(__file__).resolve().parent.parent / "python_backend" / "models" / "repeat_int32"
 ENV = {"MODELPLEX_PLUGINS": "python"}
@@ -64,35 +64,6 @@ def slow_infer(url: str, ms: int) -> int:
     tensor = httpclient.InferInput("MS", [1], "INT32")
     tensor.set_data_from_numpy(np.array([ms], np.int32))
     return int(client.infer("slow", [tensor]).as_numpy("OUT")[0])
-
-
-def repeat_stream(url: str, values: list[int], delay_ms: int, started: threading.Semaphore | None = None) -> list:
-    """One gRPC stream of `repeat_int32`: the OUT values received, then "FINAL" (or the error);
-    `started` is released when the first response arrives."""
-    client = grpcclient.InferenceServerClient(url)
-    received: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: received.put((result, error)))
-    arrays = {"IN": np.array(values, np.int32), "DELAY": np.full(len(values), delay_ms, np.uint32),
-              "WAIT": np.array([0], np.uint32)}
-    inputs = []
-    for name, array in arrays.items():
-        inputs.append(grpcclient.InferInput(name, list(array.shape), "INT32" if name == "IN" else "UINT32"))
-        inputs[-1].set_data_from_numpy(array)
-    client.async_stream_infer("repeat_int32", inputs, enable_empty_final_response=True)
-    out = []
-    try:
-        while True:
-            result, error = received.get(timeout=30)
-            if error is not None:
-                return out + [str(error)]
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return out + ["FINAL"]
-            out.append(int(result.as_numpy("OUT")[0]))
-            if started is not None and len(out) == 1:
-                started.release()
-    finally:
-        client.stop_stream()
-        client.close()
 
 
 def run_in_threads(calls) -> tuple[list[threading.Thread], dict]:

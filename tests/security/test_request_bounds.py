@@ -4,7 +4,6 @@ memory is taken; a stream past its limit ends with an error and the server keeps
 from __future__ import annotations
 
 import json
-import queue
 import shutil
 import struct
 import time
@@ -12,12 +11,12 @@ from pathlib import Path
 
 import grpc
 import httpx
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from serverproc import ServerProcess
+from stream_clients import repeat_stream
 
 REPEAT = Path(__file__).resolve().parent.parent / "python_backend" / "models" / "repeat_int32"
 
@@ -90,37 +89,12 @@ def test_grpc_past_the_limits_is_invalid_argument(bounded):
     assert grpcclient.InferenceServerClient(bounded.grpc_url).is_server_ready()
 
 
-def stream(url: str, num_responses: int, delay_ms: int) -> list:
-    client = grpcclient.InferenceServerClient(url)
-    received: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: received.put((result, error)))
-    arrays = {"IN": np.arange(num_responses, dtype=np.int32), "DELAY": np.full(num_responses, delay_ms, np.uint32),
-              "WAIT": np.array([0], np.uint32)}
-    inputs = []
-    for name, array in arrays.items():
-        inputs.append(grpcclient.InferInput(name, list(array.shape), "INT32" if name == "IN" else "UINT32"))
-        inputs[-1].set_data_from_numpy(array)
-    client.async_stream_infer("repeat_int32", inputs, enable_empty_final_response=True)
-    out = []
-    try:
-        while True:
-            result, error = received.get(timeout=30)
-            if error is not None:
-                return out + [str(error)]
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return out + ["FINAL"]
-            out.append(int(result.as_numpy("OUT")[0]))
-    finally:
-        client.stop_stream()
-        client.close()
-
-
 def test_a_stream_past_its_time_limit_ends_with_an_error_and_the_next_one_runs(bounded):
     t0 = time.monotonic()
-    cut = stream(bounded.grpc_url, 40, 100)  # 4 s of responses; the limit is 1.5 s
+    cut = repeat_stream(bounded.grpc_url, list(range(40)), 100)  # 4 s of responses; the limit is 1.5 s
     assert 1.2 < time.monotonic() - t0 < 5
     assert 5 <= len(cut) - 1 < 40 and "--max-stream-secs" in cut[-1], cut
-    assert stream(bounded.grpc_url, 3, 10) == [0, 1, 2, "FINAL"]
+    assert repeat_stream(bounded.grpc_url, [0, 1, 2], 10) == [0, 1, 2, "FINAL"]
 
 
 def test_generate_text_past_the_element_size_is_400(bounded):
