@@ -8,7 +8,6 @@ The CI-sized version is tests/security/test_openapi_fuzz.py.
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime
 import sys
 import time
@@ -16,52 +15,13 @@ from pathlib import Path
 
 import httpx
 import schemathesis
-from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
-from schemathesis import GenerationMode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 from build_repository import build  # noqa: E402
+from openapi_fuzz import fuzz, load_schema  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
-
-NAMES = {"model": ["simple", "simple_string", "no_such_model"], "name": ["simple", "simple_string", "no_such_model"],
-         "version": ["1", "2", "x"], "adapter": ["a1", "../etc"]}
-
-
-def load_schema(url: str):
-    document = httpx.get(f"http://{url}/openapi.json", timeout=30).json()
-    for operations in document["paths"].values():
-        for operation in operations.values():
-            for parameter in operation.get("parameters", []):
-                if parameter.get("in") == "path" and parameter["name"] in NAMES:
-                    parameter["schema"] = {"type": "string", "enum": NAMES[parameter["name"]]}
-    schema = schemathesis.openapi.from_dict(document)
-    schema.config.update(base_url=f"http://{url}")
-    return schema
-
-
-def fuzz(schema, examples: int) -> tuple[collections.Counter, list[str], int]:
-    statuses, server_errors, operations = collections.Counter(), [], 0
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        operations += 1
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-            def run(case):
-                response = case.call(timeout=60)
-                statuses[response.status_code] += 1
-                if response.status_code >= 500 and response.status_code != 501:
-                    server_errors.append(f"{case.method} {case.formatted_path} -> {response.status_code} "
-                                         f"{response.text[:300]} (body {str(case.body)[:300]})")
-
-            try:
-                run()
-            except Unsatisfiable:
-                pass
-    return statuses, server_errors, operations
 
 
 def main() -> None:
@@ -80,7 +40,7 @@ def main() -> None:
     took = time.monotonic() - started
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# schemathesis against /openapi.json ({date})", "",
-             f"schemathesis {schemathesis.__version__ if hasattr(schemathesis, '__version__') else ''}, "
+             f"schemathesis {schemathesis.SCHEMATHESIS_VERSION}, "
              f"{operations} operations, up to {args.examples} examples each in positive and negative mode "
              f"({sum(statuses.values())} requests, {took:.0f} s). Server live afterwards: {live}; exit code {exit_code}.",
              "", f"**5xx other than 501: {len(server_errors)}.**", "", "| status | requests |", "|---|---|"]
