@@ -11,7 +11,7 @@ from typing import AsyncIterator
 
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, ModelInstance,
                        ModelplexError, RequestedOutput, Unavailable)
-from modelplex.tracing import active_trace
+from modelplex.trace_spans import current_span
 
 from .dag import Ensemble, EnsembleStep, build
 
@@ -89,11 +89,11 @@ class EnsembleInstance(ModelInstance):
                     tensors: dict[str, InferTensor]) -> dict[str, InferTensor]:
         start = _now()
         try:
-            tracing = active_trace.get()
-            if tracing is None:
+            parent = current_span.get()
+            if parent is None:
                 response = await self.dataplane.infer(self._step_request(step, request, tensors))
             else:
-                with tracing.span(f"step {step.number} {step.model_name}", {"ensemble": self.ensemble.name}):
+                with parent.child(f"step {step.number} {step.model_name}", {"ensemble": self.ensemble.name}):
                     response = await self.dataplane.infer(self._step_request(step, request, tensors))
         except Exception as e:  # noqa: BLE001 - named after the step, whatever it was
             raise self._step_error(step, e) from e

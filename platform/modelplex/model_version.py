@@ -14,8 +14,8 @@ from .backend import BackendSpec, InstanceContext, ModelContext, ModelInstance
 from .batching import DynamicBatcher
 from .errors import InternalError, ModelplexError, Unavailable
 from .stats import ModelStats
-from .tracing import active_trace
 from .tensors import InferRequest, InferResponse
+from .trace_spans import current_span
 from .validation import RequestValidator
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class ModelVersion:
         self._initial_adapters = list(adapters)
         self.validator = RequestValidator(ctx.config)
         self.decoupled = ctx.config.model_transaction_policy.decoupled
+        self._span_name = f"infer {self.name}"
         self.inflight = 0
         self._idle: asyncio.Queue[ModelInstance] = asyncio.Queue()
         self._drained = asyncio.Event()
@@ -174,8 +175,8 @@ class ModelVersion:
 
     async def infer(self, request: InferRequest, span=None) -> InferResponse:
         # A sampled request comes back here once, inside its model span; others pay one read.
-        if span is None and (tracing := active_trace.get()) is not None:
-            with tracing.span(f"infer {self.name}", {"model": self.name, "version": self.version}) as span:
+        if span is None and (parent := current_span.get()) is not None:
+            with parent.child(self._span_name, {"model": self.name, "version": self.version}) as span:
                 return await self.infer(request, span)
         if self.batcher is not None:
             return await self._infer_batched(request, span)
@@ -201,7 +202,9 @@ class ModelVersion:
             response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
             self.stats.record_request(True, _now() - start, queue_ns, 0, infer_ns, 0)
             if span is not None:
-                active_trace.get().phases(span, start, t_exec, t_exec + infer_ns, batch)
+                span.phases(start, t_exec, t_exec + infer_ns, batch)
+                if response.phases:
+                    span.backend_phases(response.phases)
             return response
         except ModelplexError:
             self.stats.record_request(False, _now() - start, queue_ns, 0, infer_ns, 0, "BACKEND")
@@ -225,7 +228,9 @@ class ModelVersion:
             self.stats.record_request(True, _now() - start, pending.queue_ns, 0, pending.infer_ns, 0)
             if span is not None:
                 t_exec = start + pending.queue_ns
-                active_trace.get().phases(span, start, t_exec, t_exec + pending.infer_ns, pending.batch_total)
+                span.phases(start, t_exec, t_exec + pending.infer_ns, pending.batch_total)
+                if response.phases:
+                    span.backend_phases(response.phases)
             return response
         except ModelplexError as e:
             # Queue full or timed out: Triton counts these as REJECTED.
@@ -241,8 +246,8 @@ class ModelVersion:
         self._check(request, start)
         self._admit()
         ok = False
-        tracing = active_trace.get()
-        span = None if tracing is None else tracing.stream_span(f"stream {self.name}", {"model": self.name})
+        parent = current_span.get()
+        span = None if parent is None else parent.child(f"stream {self.name}", {"model": self.name})
         num_responses = 0
         try:
             instance = await self._idle.get()
@@ -251,7 +256,9 @@ class ModelVersion:
                 async for response in instance.stream(request):
                     response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
                     if span is not None:
-                        tracing.response_event(span, num_responses, start)
+                        span.response_event(num_responses, start)
+                        if response.phases:
+                            span.backend_phases(response.phases)
                     num_responses += 1
                     yield response
             finally:

@@ -156,3 +156,6 @@ class InferResponse:
     outputs: list[InferTensor]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    # Phases the backend measured, for tracing only (never sent to clients): (name, start, end,
+    # attributes) on the `time.monotonic_ns` clock, e.g. an LLM's queue and prefill.
+    phases: list[tuple[str, int, int, dict]] | None = None

@@ -1,77 +1,172 @@
-"""Spans measured on the request path and handed to OpenTelemetry's export queue once they end.
+"""Spans recorded on the request path as plain data, queued for export in a bounded buffer.
 
-The SDK's live spans (locks, sampler, attribute limits, a span processor call at start) cost ~35 µs
-each here; a request's spans are all created by us, sampled already and never shared across
-threads, so we record them as plain objects and give the `BatchSpanProcessor` finished
-`ReadableSpan`s, which export exactly like the SDK's own.
+A span costs a few microseconds: ids from `random`, wall-clock nanoseconds, one context-variable
+set while it is current, and, when it ends, one tuple appended to a deque. Nothing here encodes,
+locks or calls OpenTelemetry: the export thread (`trace_export`) takes the tuples in bulk.
+
+A finished span is a `SpanData` tuple (marshal-able, so it can cross a pipe as is):
+(trace_id, span_id, parent_span_id or 0, parent_is_remote, trace_state, name, kind, start_ns,
+end_ns, attributes, events or None, status_code, status_message, children or None). `kind` and
+`status_code` use OTLP's numbers; events are (time_ns, name, attributes). `children` are child
+spans measured after the fact (queue, compute, prefill) as (name, start_ns, end_ns, attributes):
+they get their span ids at export (`expand_children`), which keeps them off the request path.
 """
 from __future__ import annotations
 
-import contextlib
 import random
+import threading
 import time
+from collections import deque
+from contextvars import ContextVar
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+SPAN_KIND_INTERNAL, SPAN_KIND_SERVER = 1, 2  # OTLP Span.SpanKind
+STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2  # OTLP Status.StatusCode
 
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_getrandbits = random.getrandbits
+_time_ns = time.time_ns
+_new_span = object.__new__
 
 
-class RecordedSpan:
-    """A span in progress: what `set_attribute`/`set_status` change is exported when it ends."""
+class Span:
+    """A span in progress; ending it queues its `SpanData`. A request's own: never shared across threads.
 
-    __slots__ = ("name", "context", "parent", "kind", "attributes", "start_time", "status")
+    `with span:` makes it the current span inside the block and ends it when the block leaves
+    (with an error status if the block raised). Methods, not generators or helpers: every call
+    counts on the request path.
+    """
 
-    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind,
-                 attributes: dict, start_time: int):
-        self.name, self.context, self.parent, self.kind = name, context, parent, kind
-        self.attributes, self.start_time, self.status = attributes, start_time, Status(StatusCode.UNSET)
+    __slots__ = ("buffer", "trace_id", "span_id", "parent_id", "parent_is_remote", "trace_state", "name", "kind",
+                 "start_time", "attributes", "events", "status_code", "status_message", "children", "_token")
 
-    def get_span_context(self) -> SpanContext:
-        return self.context
+    def __init__(self, buffer: "SpanBuffer", name: str, trace_id: int, parent_id: int, parent_is_remote: bool,
+                 trace_state: str, kind: int, attributes: dict):
+        self.buffer, self.name, self.kind, self.attributes = buffer, name, kind, attributes
+        self.trace_id, self.span_id = trace_id, _getrandbits(64) or 1
+        self.parent_id, self.parent_is_remote, self.trace_state = parent_id, parent_is_remote, trace_state
+        self.events = self.children = None
+        self.status_code, self.status_message = STATUS_UNSET, ""
+        self.start_time = _time_ns()
+
+    def __enter__(self) -> "Span":
+        self._token = current_span.set(self)
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        current_span.reset(self._token)
+        if error is not None and isinstance(error, Exception):
+            self.status_code, self.status_message = STATUS_ERROR, f"{kind.__name__}: {error}"
+        self.end()
+
+    def end(self) -> None:
+        """Queues the span (a span used with `with` ends by itself)."""
+        buffer = self.buffer
+        spans = buffer.spans
+        n = len(spans)
+        if n >= buffer.max_size:
+            buffer.num_dropped += 1 + len(self.children or ())
+            return
+        spans.append((self.trace_id, self.span_id, self.parent_id, self.parent_is_remote, self.trace_state, self.name,
+                      self.kind, self.start_time, _time_ns(), self.attributes, self.events, self.status_code,
+                      self.status_message, self.children))
+        if n + 1 == buffer.batch_size:
+            buffer.batch_ready.set()
+
+    def child(self, name: str, attributes: dict) -> "Span":
+        """A new span under this one (enter it to make it current)."""
+        span = _new_span(Span)  # fields set here: one call less than through __init__
+        span.buffer, span.name, span.kind, span.attributes = self.buffer, name, SPAN_KIND_INTERNAL, attributes
+        span.trace_id, span.span_id, span.parent_id = self.trace_id, _getrandbits(64) or 1, self.span_id
+        span.parent_is_remote, span.trace_state = False, self.trace_state
+        span.events = span.children = None
+        span.status_code, span.status_message = STATUS_UNSET, ""
+        span.start_time = _time_ns()
+        return span
 
     def set_attribute(self, key: str, value) -> None:
         self.attributes[key] = value
 
-    def set_status(self, code: StatusCode, description: str | None = None) -> None:
-        self.status = Status(code, description)
+    def set_status(self, code: int, message: str = "") -> None:
+        self.status_code, self.status_message = code, message
+
+    def add_event(self, name: str, attributes: dict) -> None:
+        if self.events is None:
+            self.events = []
+        self.events.append((_time_ns(), name, attributes))
+
+    def response_event(self, index: int, start_ns: int) -> None:
+        """A streamed response went out: an event with the time since `start_ns` (perf counter);
+        the first one's is the time to first response (`modelplex.ttft_ms`)."""
+        elapsed_ms = (time.perf_counter_ns() - start_ns) / 1e6
+        if index == 0:
+            self.attributes["modelplex.ttft_ms"] = elapsed_ms
+        self.add_event("response", {"index": index, "elapsed_ms": elapsed_ms})
+
+    def phases(self, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int) -> None:
+        """`queue` and `compute` children from perf-counter timestamps already taken (call before
+        the span ends)."""
+        offset = self.buffer.clocks.perf_counter
+        phases = [("queue", enqueue_ns + offset, start_ns + offset, {}),
+                  ("compute", start_ns + offset, end_ns + offset, {"modelplex.batch_size": batch_size})]
+        if self.children is None:
+            self.children = phases
+        else:
+            self.children += phases
+
+    def backend_phases(self, phases: list[tuple[str, int, int, dict]]) -> None:
+        """A backend's own phases (`InferResponse.phases`, monotonic clock) as children."""
+        offset = self.buffer.clocks.monotonic
+        if self.children is None:
+            self.children = []
+        self.children += [(name, start + offset, end + offset, attributes) for name, start, end, attributes in phases]
 
 
-class SpanRecorder:
-    """Makes `RecordedSpan`s and sends them, finished, to `processor` (a BatchSpanProcessor)."""
+# The span the running request is in, while a sampled request runs (a context variable: ensemble
+# steps and BLS calls run in copies of their caller's context and see their caller's span). The
+# request path of an untraced request pays one read of it per model.
+current_span: ContextVar[Span | None] = ContextVar("modelplex_current_span", default=None)
 
-    def __init__(self, processor, resource, scope):
-        self.processor, self.resource, self.scope = processor, resource, scope
 
-    @contextlib.contextmanager
-    def current(self, name: str, parent: SpanContext | None, kind: SpanKind, attributes: dict):
-        """A span that is the current span (the parent of nested ones) while the block runs; `parent`
-        None: a child of the current span, or a new trace's root."""
-        if parent is None:
-            parent = trace.get_current_span().get_span_context()
-        if not parent.is_valid:
-            parent = None
-        trace_id = parent.trace_id if parent is not None else random.getrandbits(128) or 1
-        span = RecordedSpan(name, SpanContext(trace_id, random.getrandbits(64) or 1, False, _SAMPLED), parent,
-                            kind, attributes, time.time_ns())
-        token = otel_context.attach(trace.set_span_in_context(NonRecordingSpan(span.context)))
-        try:
-            yield span
-        except Exception as e:
-            span.set_status(StatusCode.ERROR, f"{type(e).__name__}: {e}")
-            raise
-        finally:
-            otel_context.detach(token)
-            self.end(span, time.time_ns())
+class ClockOffsets:
+    """Nanoseconds to add to `perf_counter_ns` / `monotonic_ns` readings (what the request path
+    measures) to get wall-clock time (what OTLP carries). Read often, refreshed by the export
+    thread at least every second: the clocks drift apart slowly (NTP slews the wall clock)."""
 
-    def end(self, span: RecordedSpan, end_time: int) -> None:
-        self.processor.on_end(ReadableSpan(
-            span.name, span.context, span.parent, self.resource, span.attributes, kind=span.kind, status=span.status,
-            start_time=span.start_time, end_time=end_time, instrumentation_scope=self.scope))
+    def __init__(self):
+        self.refresh()
 
-    def finished(self, name: str, parent: SpanContext, start_time: int, end_time: int, attributes: dict) -> None:
-        """A span measured already (queue, compute), as a child of `parent`."""
-        context = SpanContext(parent.trace_id, random.getrandbits(64) or 1, False, _SAMPLED)
-        self.end(RecordedSpan(name, context, parent, SpanKind.INTERNAL, attributes, start_time), end_time)
+    def refresh(self) -> None:
+        self.perf_counter = time.time_ns() - time.perf_counter_ns()
+        self.monotonic = time.time_ns() - time.monotonic_ns()
+
+
+class SpanBuffer:
+    """Finished spans waiting for the export thread: at most `max_size`; beyond that a span is
+    dropped and counted (a slow export never makes a request wait or grow memory)."""
+
+    def __init__(self, max_size: int, batch_size: int):
+        self.max_size, self.batch_size = max_size, batch_size
+        self.spans: deque[tuple] = deque()
+        self.num_dropped = 0
+        self.batch_ready = threading.Event()  # set when a full export batch is waiting
+        self.clocks = ClockOffsets()
+
+    def take(self, limit: int) -> list[tuple]:
+        """Up to `limit` spans, oldest first (deque.popleft is atomic: requests may append meanwhile)."""
+        spans = self.spans
+        return [spans.popleft() for _ in range(min(limit, len(spans)))]
+
+
+def expand_children(spans: list[tuple]) -> list[tuple]:
+    """`SpanData` with children -> the spans and their children as `SpanData` of their own (13
+    fields, no children), each child with a new span id."""
+    out = []
+    for s in spans:
+        out.append(s[:13])
+        if s[13]:
+            trace_id, span_id, trace_state, floor, ceiling = s[0], s[1], s[4], s[7], s[8]
+            for name, start, end, attributes in s[13]:
+                # Inside the parent: clocks read microseconds apart may disagree by as much.
+                start = min(max(start, floor), ceiling)
+                out.append((trace_id, _getrandbits(64) or 1, span_id, False, trace_state, name, SPAN_KIND_INTERNAL,
+                            start, min(max(end, start), ceiling), attributes, None, STATUS_UNSET, ""))
+    return out

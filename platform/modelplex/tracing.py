@@ -1,37 +1,31 @@
-"""Request tracing with OpenTelemetry: Triton's trace settings, sampling at the front doors, spans
-along the request path, and asynchronous, bounded OTLP export.
+"""Request tracing: Triton's trace settings, sampling at the front doors, and asynchronous, bounded
+OTLP export (OpenTelemetry's wire format and W3C trace context).
 
-A front door asks `Tracing.sample` only when `Tracing.enabled` and opens `request_span` for a sampled
-request, which then carries its `Tracing` in the `active_trace` context variable: the rest of the
-path (model versions, the batcher, ensemble steps, BLS calls) pays one context-variable read when
-tracing is off. Phases measured anyway (queue, compute) become spans after the fact from their
-perf-counter timestamps. A streamed request gets a span with one event per response and its time to
-first response (TTFT); an engine adds its own phases (prefill) as child spans of the current span.
+A front door asks `Tracing.sample` only when `Tracing.enabled` and opens `request_span` for a
+sampled request; inside it the span is `trace_spans.current_span`, and the rest of the path (model
+versions, ensemble steps, BLS calls, streams) adds children to whatever span is current: an
+untraced request pays one context-variable read per model. Spans are plain data (`trace_spans`);
+encoding and export happen in another process (`trace_export`, `otlp_exporter`).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
+import random
+import re
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 from .errors import InvalidInput
-from .trace_spans import SpanRecorder
+from .trace_export import ExporterProcess, ExportThread, SdkExporterSink
+from .trace_spans import SPAN_KIND_SERVER, Span, SpanBuffer, current_span
 
 log = logging.getLogger(__name__)
-
-# The Tracing of the request being served, set only while a sampled request runs.
-active_trace: ContextVar["Tracing | None"] = ContextVar("modelplex_active_trace", default=None)
 
 LEVELS = ("OFF", "TIMESTAMPS")
 UPDATABLE = ("trace_level", "trace_rate", "trace_count")
 FIXED = ("log_frequency", "trace_file", "trace_mode")  # reported, not changeable here
-_PROPAGATOR = TraceContextTextMapPropagator()
+_getrandbits = random.getrandbits
+_time_ns = time.time_ns
 
 
 @dataclass
@@ -114,7 +108,8 @@ class Tracing:
         self._global = _Sampler(self.config.level, self.config.rate, self.config.count)
         self._models: dict[str, dict] = {}  # model -> its overridden settings
         self._samplers: dict[str, _Sampler] = {}
-        self._provider = self._tracer = self._recorder = None
+        self._buffer: SpanBuffer | None = None
+        self._export: ExportThread | None = None
         self.enabled = False
         self._refresh()
 
@@ -155,99 +150,75 @@ class Tracing:
             model: _Sampler(o.get("trace_level", g.level), o.get("trace_rate", g.rate), o.get("trace_count", g.count))
             for model, o in self._models.items() if o}
         self.enabled = g.level != "OFF" or any(s.level != "OFF" for s in self._samplers.values())
-        if self.enabled and self._tracer is None:
-            self._start_provider()
+        if self.enabled and self._export is None:
+            self._start_export()
 
     # ---- export ---------------------------------------------------------------------------
-    def _start_provider(self) -> None:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-        exporter = self._exporter
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=self.config.url, timeout=5)
+    def _start_export(self) -> None:
         c = self.config
-        # Spans wait in a bounded queue for a background thread: a slow or dead collector drops
-        # spans once the queue is full and never delays a request.
-        processor = BatchSpanProcessor(exporter, max_queue_size=c.bsp_max_queue_size,
-                                       schedule_delay_millis=c.bsp_schedule_delay_ms,
-                                       max_export_batch_size=min(c.bsp_max_export_batch_size, c.bsp_max_queue_size))
-        # A full queue drops spans by design; the SDK would log a warning for every span dropped.
-        logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.ERROR)
-        # shutdown_on_exit=False: the SDK's exit hook would wait for a hung collector; Server.stop
-        # calls `shutdown`, which does not.
-        self._provider = TracerProvider(resource=Resource.create(c.resource), shutdown_on_exit=False)
-        self._provider.add_span_processor(processor)
-        self._recorder = SpanRecorder(processor, self._provider.resource, InstrumentationScope("modelplex"))
-        self._tracer = self._provider.get_tracer("modelplex")
-        log.info("tracing on: OpenTelemetry export to %s", c.url if self._exporter is None else "the given exporter")
+        batch_size = min(c.bsp_max_export_batch_size, c.bsp_max_queue_size)
+        self._buffer = SpanBuffer(c.bsp_max_queue_size, batch_size)
+        if self._exporter is None:
+            sink = ExporterProcess(c.url, c.resource, batch_size)
+        else:
+            sink = SdkExporterSink(self._exporter, c.resource)
+        self._export = ExportThread(self._buffer, sink, c.bsp_schedule_delay_ms / 1000, batch_size)
+        log.info("tracing on: OTLP export to %s", c.url if self._exporter is None else "the given exporter")
 
-    def flush(self, timeout_ms: int = 5000) -> bool:
-        return self._provider.force_flush(timeout_ms) if self._provider is not None else True
+    @property
+    def num_dropped(self) -> int:
+        """Spans dropped because the export could not keep up (or the exporter was down)."""
+        return self._export.num_dropped if self._export is not None else 0
+
+    def flush(self) -> None:
+        if self._export is not None:
+            self._export.flush()
 
     def shutdown(self, timeout: float = 2.0) -> None:
-        """Export what is still queued, for at most `timeout` s: a hung collector must not hold the exit."""
-        if self._provider is not None:
-            worker = threading.Thread(target=self._provider.shutdown, name="trace-shutdown", daemon=True)
-            worker.start()
-            worker.join(timeout)
+        """Export what is still queued, for at most about `timeout` s: a hung collector must not hold the exit."""
+        if self._export is not None:
+            self._export.stop(timeout)
 
     # ---- spans ----------------------------------------------------------------------------
     def sample(self, model: str) -> bool:
         """Whether to trace this request (front doors ask once per request, on the event loop)."""
         return self._samplers.get(model, self._global).take()
 
-    @contextlib.contextmanager
-    def request_span(self, name: str, carrier: dict, attributes: dict):
-        """A front door's server span around one sampled request, child of the client's `traceparent`."""
-        remote = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context() if carrier else None
-        token = active_trace.set(self)
-        try:
-            with self._recorder.current(name, remote or trace.INVALID_SPAN_CONTEXT, trace.SpanKind.SERVER,
-                                        attributes) as span:
-                yield span
-        finally:
-            active_trace.reset(token)
+    def request_span(self, name: str, carrier: dict, attributes: dict) -> Span:
+        """A front door's server span for one sampled request (`with` it), child of the client's
+        `traceparent` when there is a valid one, else the root of a new trace."""
+        parent = parse_traceparent(carrier) if carrier else None
+        if parent is None:
+            return Span(self._buffer, name, _getrandbits(128) or 1, 0, False, "", SPAN_KIND_SERVER, attributes)
+        return Span(self._buffer, name, parent[0], parent[1], True, parent[2], SPAN_KIND_SERVER, attributes)
 
-    def span(self, name: str, attributes: dict):
-        """A child of the current span (a model, an ensemble step), current while it runs."""
-        return self._recorder.current(name, None, trace.SpanKind.INTERNAL, attributes)
 
-    def stream_span(self, name: str, attributes: dict):
-        """A streamed request's span (ended by the caller); `response_event` marks each response."""
-        return self._tracer.start_span(name, attributes=attributes)
+_TRACEPARENT = re.compile(r"[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*")
 
-    @staticmethod
-    def response_event(span, index: int, start_ns: int) -> None:
-        elapsed_ms = (time.perf_counter_ns() - start_ns) / 1e6
-        if index == 0:
-            span.set_attribute("modelplex.ttft_ms", elapsed_ms)
-        span.add_event("response", {"index": index, "elapsed_ms": elapsed_ms})
 
-    def phases(self, parent, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int) -> None:
-        """`queue` and `compute` spans under `parent` from perf-counter timestamps already taken."""
-        # perf_counter_ns (what the request path measures) -> epoch ns (what OTLP carries), taken
-        # now (the clocks drift apart) and kept inside the parent, which began on the epoch clock.
-        offset = time.time_ns() - time.perf_counter_ns()
-        floor = parent.start_time
-        record = self._recorder.finished
-        record("queue", parent.context, max(floor, enqueue_ns + offset), max(floor, start_ns + offset), {})
-        record("compute", parent.context, max(floor, start_ns + offset), max(floor, end_ns + offset),
-               {"modelplex.batch_size": batch_size})
+def parse_traceparent(carrier: dict) -> tuple[int, int, str] | None:
+    """(trace id, parent span id, tracestate) of a valid W3C `traceparent`, else None (a new trace)."""
+    match = _TRACEPARENT.fullmatch(carrier.get("traceparent", ""))
+    if match is None or match[1] == "ff" or (match[1] == "00" and match[5]):
+        return None
+    trace_id, span_id = int(match[2], 16), int(match[3], 16)
+    if not trace_id or not span_id:
+        return None
+    state = ",".join(p.strip() for p in carrier.get("tracestate", "").split(",") if "=" in p)
+    return trace_id, span_id, state
 
 
 def headers_carrier(headers) -> dict:
     """The W3C trace context among (name, value) pairs: ASGI's bytes or gRPC metadata's str."""
     carrier = {}
     for key, value in headers:
-        key = key.decode("latin-1") if isinstance(key, bytes) else key
-        if key in ("traceparent", "tracestate"):
+        if key in _CONTEXT_HEADERS:
+            key = key.decode("latin-1") if isinstance(key, bytes) else key
             carrier[key] = value.decode("latin-1") if isinstance(value, bytes) else value
     return carrier
+
+
+_CONTEXT_HEADERS = frozenset((b"traceparent", b"tracestate", "traceparent", "tracestate"))
 
 
 def _parse_setting(key: str, value):

@@ -16,6 +16,7 @@ from modelplex import (LORA_MODULES_PARAMETER, InferRequest, InferResponse, Inst
                        ModelContext, ModelInstance, Unavailable)
 
 from .config import EngineConfig
+from .engine.outputs import RequestOutput
 from .errors import EngineError
 from .llm_metrics import LLMMetrics
 from .protocol import GenerateCall, make_response, parse_request
@@ -88,6 +89,17 @@ def auto_complete_config(ctx: ModelContext) -> None:
         config.output.add(name="text_output", data_type=pb.TYPE_STRING, dims=[-1])
 
 
+def engine_phases(output: RequestOutput) -> list[tuple[str, int, int, dict]] | None:
+    """The engine's queue and prefill of a request, as the host traces them (`InferResponse.phases`)."""
+    if output.first_scheduled_time is None or output.first_token_time is None:
+        return None
+    arrival, scheduled, first_token = (int(t * 1e9) for t in (output.arrival_time, output.first_scheduled_time,
+                                                              output.first_token_time))
+    return [("engine queue", arrival, scheduled, {}),
+            ("prefill", scheduled, first_token, {"llm.num_prompt_tokens": output.num_prompt_tokens,
+                                                 "llm.num_cached_tokens": output.num_cached_tokens})]
+
+
 class LLMInstance(ModelInstance):
     """One engine per instance; the host may hand it many requests at once (they batch inside).
 
@@ -125,15 +137,21 @@ class LLMInstance(ModelInstance):
                 token_ids += last.new_token_ids
                 logprobs += last.new_logprobs
         whole = dataclasses.replace(last, new_token_ids=token_ids, new_logprobs=logprobs)
-        return make_response(request, self.model, last.text, whole, call.params, self.engine.tokenizer)
+        response = make_response(request, self.model, last.text, whole, call.params, self.engine.tokenizer)
+        response.phases = engine_phases(last)
+        return response
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         call = self._parse(request)
+        phases_sent = False
         async with contextlib.aclosing(self._generate(request, call)) as outputs:
             async for output in outputs:
                 if output.text_delta or output.finished or output.new_logprobs:
-                    yield make_response(request, self.model, output.text_delta, output, call.params,
-                                        self.engine.tokenizer)
+                    response = make_response(request, self.model, output.text_delta, output, call.params,
+                                             self.engine.tokenizer)
+                    if not phases_sent:  # with the first chunk: the prefill is over by then
+                        response.phases, phases_sent = engine_phases(output), True
+                    yield response
 
     def _parse(self, request: InferRequest) -> GenerateCall:
         return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len)

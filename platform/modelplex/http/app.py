@@ -12,6 +12,7 @@ from .adapter_routes import create_adapter_router
 from .errors import install_error_handlers
 from .generate import create_generate_router
 from .infer import INFER_PATH, InferEndpoint
+from .tracing import traced, traced_route_model
 from .observability import create_observability_router
 from .openapi import openapi_document
 from .routes import create_router
@@ -19,7 +20,7 @@ from .routes import create_router
 
 class FrontDoor:
     """The ASGI app uvicorn serves: infer paths go straight to `InferEndpoint`, everything else to
-    the FastAPI app."""
+    the FastAPI app. A sampled request (infer, generate, OpenAI) runs inside its server span."""
 
     def __init__(self, app: FastAPI, infer: InferEndpoint, tracing):
         self.app, self.infer, self.tracing = app, infer, tracing
@@ -28,14 +29,19 @@ class FrontDoor:
         if scope["type"] == "http":
             match = INFER_PATH.fullmatch(scope["path"])
             if match is not None:
-                if scope["method"] == "POST":
-                    if self.tracing.enabled:
-                        await self.infer.traced(scope, receive, send, match[1], match[2])
-                    else:
-                        await self.infer(scope, receive, send, match[1], match[2])
-                else:
+                if scope["method"] != "POST":
                     await self.infer.refuse_method(scope, send)
+                elif self.tracing.enabled and self.tracing.sample(match[1]):
+                    await self.infer.traced(self.tracing, scope, receive, send, match[1], match[2])
+                else:
+                    await self.infer(scope, receive, send, match[1], match[2])
                 return
+            if self.tracing.enabled and scope["method"] == "POST":
+                model = traced_route_model(scope["path"])
+                if model is not None and self.tracing.sample(model):
+                    await traced(self.tracing, scope, send, model,
+                                 lambda traced_send: self.app(scope, receive, traced_send))
+                    return
         await self.app(scope, receive, send)
 
 

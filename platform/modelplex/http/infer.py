@@ -9,12 +9,11 @@ from __future__ import annotations
 import logging
 import re
 
-from opentelemetry.trace import StatusCode
-
 from ..dataplane import DataPlane
 from ..errors import ModelplexError
 from ..settings import ServerConfig
-from ..tracing import headers_carrier
+from ..trace_spans import STATUS_ERROR
+from ..tracing import Tracing
 from .body import ClientGone, compress, parse_length, read_body, response_encoding
 from .codec import decode_request, encode_error, encode_response
 from .errors import retry_after
@@ -25,6 +24,7 @@ INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _BINARY_TYPE = (b"content-type", b"application/octet-stream")
 _WANTED = {b"content-length", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
+_TRACE_CONTEXT = frozenset((b"traceparent", b"tracestate"))
 
 
 class InferEndpoint:
@@ -33,7 +33,8 @@ class InferEndpoint:
         self.max_body_bytes = settings.http_max_body_bytes
         self.limits = settings.tensor_limits
 
-    async def __call__(self, scope, receive, send, model: str, version: str | None) -> None:
+    async def __call__(self, scope, receive, send, model: str, version: str | None, span=None) -> None:
+        """`span`: the request's server span when it is traced (it gets the response status)."""
         headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in _WANTED}
         try:
             body = await read_body(receive, headers.get(b"content-length"), headers.get(b"content-encoding"),
@@ -50,24 +51,18 @@ class InferEndpoint:
         except Exception as e:  # noqa: BLE001 - one bad request must not take the connection down
             log.exception("infer on model %s failed", model)
             status, response_headers, payload = 500, list(_JSON_HEADERS), encode_error(f"internal error: {e}")
+        if span is not None:
+            span.attributes["http.response.status_code"] = status
+            if status >= 500:
+                span.set_status(STATUS_ERROR)
         await respond(send, status, response_headers, payload)
 
-    async def traced(self, scope, receive, send, model: str, version: str | None) -> None:
-        """`__call__` inside the request's server span when the tracer samples it."""
-        tracing = self.dataplane.tracing
-        if not tracing.sample(model):
-            return await self(scope, receive, send, model, version)
-        carrier = headers_carrier(scope["headers"])
+    async def traced(self, tracing: Tracing, scope, receive, send, model: str, version: str | None) -> None:
+        """`__call__` inside the server span of a sampled request."""
+        carrier = {k.decode(): v.decode("latin-1") for k, v in scope["headers"] if k in _TRACE_CONTEXT}
         attributes = {"http.request.method": "POST", "url.path": scope["path"], "model": model}
         with tracing.request_span(f"POST {scope['path']}", carrier, attributes) as span:
-            async def send_recording_status(message) -> None:
-                if message["type"] == "http.response.start":
-                    span.set_attribute("http.response.status_code", message["status"])
-                    if message["status"] >= 500:
-                        span.set_status(StatusCode.ERROR)
-                await send(message)
-
-            await self(scope, receive, send_recording_status, model, version)
+            await self(scope, receive, send, model, version, span)
 
     async def refuse_method(self, scope, send) -> None:
         payload = encode_error(f"Method Not Allowed: {scope['method']} {scope['path']}")

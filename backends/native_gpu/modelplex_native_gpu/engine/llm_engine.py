@@ -162,6 +162,8 @@ class LLMEngine:
     def _make_output(self, request: EngineRequest) -> RequestOutput:
         completion = self._completions[request.request_id]
         new_ids = request.all_token_ids[request.num_prompt_tokens + completion.num_emitted:]
+        if new_ids and request.first_token_time is None:
+            request.first_token_time = time.monotonic()
         completion.num_emitted = request.num_output_tokens
         delta, text = "", ""
         detok = completion.detokenizer
@@ -181,7 +183,9 @@ class LLMEngine:
             finish_reason=request.finish_reason, stop_reason=request.stop_reason,
             num_prompt_tokens=request.num_prompt_tokens, num_generated_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
-            new_logprobs=request.logprobs[-len(new_ids):] if request.logprobs else [])
+            new_logprobs=request.logprobs[-len(new_ids):] if request.logprobs else [],
+            arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
+            first_token_time=request.first_token_time)
 
     def _finish(self, rid: str, parent_id: str):
         self._completions.pop(rid, None)

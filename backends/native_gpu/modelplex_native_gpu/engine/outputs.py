@@ -21,3 +21,7 @@ class RequestOutput:
     num_generated_tokens: int = 0
     num_cached_tokens: int = 0
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # time.monotonic() of arrival, first scheduling (prefill starts) and first token (prefill done)
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None

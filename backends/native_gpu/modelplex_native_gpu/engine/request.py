@@ -44,6 +44,9 @@ class EngineRequest:
         self.priority = priority
         self.cache_salt = cache_salt  # extra key in block hashes (e.g. an adapter id)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        # time.monotonic() when first scheduled and when its first token came (reported in outputs)
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
         self.all_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from dataclasses import dataclass, field
 
 from .kv_cache_manager import KVCacheManager
@@ -119,6 +120,8 @@ class Scheduler:
             if request.num_preemptions == 0:
                 request.num_cached_tokens = num_hit_tokens
             request.status = RequestStatus.RUNNING
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
             self.running.append(request)
             self._add(out, request, num_new)
             budget -= num_new

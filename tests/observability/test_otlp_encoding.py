@@ -1,0 +1,47 @@
+"""Our OTLP encoder against the OpenTelemetry SDK's: the same spans give the same protobuf message."""
+from __future__ import annotations
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from modelplex.otlp_encoding import SpanEncoder, varint
+from modelplex.otlp_exporter import resource_and_scope
+from modelplex.trace_export import readable_span
+
+TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+T0 = 1_763_000_000_000_000_000
+SPANS = [
+    # a server span under a client's remote parent, with tracestate, an error status and every value type
+    (TRACE_ID, 0x1111, 0x00F067AA0BA902B7, True, "vendor=abc,other=1", "POST /v2/models/simple/infer", 2, T0,
+     T0 + 150_000, {"model": "simple", "http.response.status_code": 500, "ok": False, "ratio": 0.25,
+                    "negative": -3, "big": 2**62, "shape": [1, 16], "names": ["a", "b"]},
+     None, 2, "InternalError: boom"),
+    # an internal child with events (one without attributes) and no status
+    (TRACE_ID, 0x2222, 0x1111, False, "vendor=abc,other=1", "stream smollm2", 1, T0 + 10, T0 + 90_000,
+     {"model": "smollm2"}, [(T0 + 20, "response", {"index": 0, "elapsed_ms": 12.5}), (T0 + 30, "done", {})],
+     0, ""),
+    # a root span of a new trace (no parent), a non-ASCII name, an OK status
+    (0xABCDEF, 0xFFFFFFFFFFFFFFFF, 0, False, "", "étape 1", 1, T0, T0 + 1, {}, None, 1, ""),
+]
+
+
+def test_our_encoding_equals_the_sdks():
+    attributes = {"service.name": "test-modelplex"}
+    resource, scope = Resource.create(attributes), InstrumentationScope("modelplex")
+    expected = encode_spans([readable_span(s, resource, scope) for s in SPANS])
+    ours = ExportTraceServiceRequest.FromString(SpanEncoder(*resource_and_scope(attributes)).encode(SPANS))
+    assert ours == expected, f"ours:\n{ours}\nSDK's:\n{expected}"
+    # Cached names and attributes give the same bytes the second time.
+    encoder = SpanEncoder(*resource_and_scope(attributes))
+    assert encoder.encode(SPANS) == encoder.encode(SPANS)
+
+
+def test_varint_boundaries():
+    for n in (0, 1, 127, 128, 300, 2**32, 2**64 - 1):
+        decoded, shift = 0, 0
+        for byte in varint(n):
+            decoded |= (byte & 0x7F) << shift
+            shift += 7
+        assert decoded == n
