@@ -15,7 +15,7 @@ from modelplex.tracing import TraceConfig, Tracing
 async def traced_server(repo: Path, trace: TraceConfig, plugin_manager=None, **settings):
     """Yields (server, exporter): HTTP and gRPC on ephemeral ports, no metrics port."""
     config = ServerConfig(model_repositories=[repo], host="127.0.0.1", http_port=0, grpc_port=0,
-                          allow_metrics=False, trace=trace, **settings)
+                          allow_metrics=False, **settings)  # tracing off: no OTLP exporter process
     server = Server(config, plugin_manager)
     exporter = InMemorySpanExporter()
     server.dataplane.tracing = Tracing(trace, exporter=exporter)  # before start: the front doors read it
