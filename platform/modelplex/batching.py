@@ -61,6 +61,7 @@ class PendingRequest:
     queue_ns: int = 0
     infer_ns: int = 0
     batch_total: int = 0  # inferences in the batch it ran in (for its trace)
+    started: bool = False  # its batch began executing (it no longer counts as pending)
 
 
 @dataclass(slots=True)
@@ -123,11 +124,15 @@ class DynamicBatcher:
     async def run(self, request: InferRequest, batch_size: int, enqueue_ns: int) -> PendingRequest:
         """Queue `request` and wait until a batch carrying it has run; raises what its run raised."""
         pending = self._enqueue(request, batch_size, enqueue_ns)
+        self._stats.pending += 1  # Triton's pending count: queued, not yet executing
         try:
             await pending.future
         except asyncio.CancelledError:
             self._discard(pending)  # the caller went away: never run it
             raise
+        finally:
+            if not pending.started:  # rejected, timed out or cancelled while queued
+                self._stats.pending -= 1
         return pending
 
     def _enqueue(self, request: InferRequest, batch_size: int, enqueue_ns: int) -> PendingRequest:
@@ -262,6 +267,8 @@ class DynamicBatcher:
         start = _now()
         for pending in batch:
             pending.queue_ns = start - pending.enqueue_ns
+            pending.started = True
+        self._stats.pending -= len(batch)
         try:
             await self._execute(instance, batch)
         finally:

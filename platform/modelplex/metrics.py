@@ -12,7 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
+from .host_metrics import CpuMetrics, GpuMetrics
 from .stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,41 @@ def triton_metrics_text(all_stats: Iterable[ModelStats]) -> str:
         for reason in FAILURE_REASONS:  # all of them, zeros included, as Triton prints them
             count = s.failures.get(reason, 0)
             lines.append(f"{name}{_labels({'model': s.name, 'reason': reason, 'version': s.version})} {float(count)}")
+    lines += _ensemble_step_lines(all_stats)
     return "\n".join(lines) + "\n"
+
+
+def _ensemble_step_lines(all_stats: list[ModelStats]) -> list[str]:
+    """Per ensemble step (labels: the ensemble's model/version, the step's number and model): how
+    often it ran and its cumulative time, as Triton's counters are spelled (no `_total`)."""
+    rows = [(s, step, d) for s in all_stats for step, d in s.steps.items()]
+    if not rows:
+        return []
+    lines = []
+    for name, doc, read in (
+            ("modelplex_ensemble_step_count", "Number of times an ensemble step ran (successfully or not)",
+             lambda d: d.count),
+            ("modelplex_ensemble_step_duration_us", "Cumulative duration of an ensemble step in microseconds",
+             lambda d: d.ns // 1000)):
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} counter"]
+        for s, step, d in rows:
+            number, _, step_model = step.partition(":")
+            labels = {"model": s.name, "step": number, "step_model": step_model, "version": s.version}
+            lines.append(f"{name}{_labels(labels)} {float(read(d))}")
+    return lines
+
+
+class CallbackCounter:
+    """A prometheus_client collector: one unlabelled counter read from `read()` at scrape time."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]):
+        self.name, self.documentation, self.read = name, documentation, read
+
+    def describe(self):
+        return [CounterMetricFamily(self.name, self.documentation)]
+
+    def collect(self):
+        yield CounterMetricFamily(self.name, self.documentation, value=self.read())
 
 
 def register_plugin_collectors(pm, dataplane, registry: CollectorRegistry) -> None:
@@ -76,47 +112,6 @@ def register_plugin_collectors(pm, dataplane, registry: CollectorRegistry) -> No
                 registry.register(collector)
             except ValueError as exc:  # prometheus_client: "Duplicated timeseries in CollectorRegistry"
                 log.warning("metric collector %r is skipped: %s", collector, exc)
-
-
-class CpuMetrics:
-    """Triton's `nv_cpu_*` gauges from /proc (Linux): utilization over the time since the last scrape."""
-
-    def __init__(self):
-        self._last = self._cpu_times()
-
-    @staticmethod
-    def _cpu_times() -> tuple[int, int] | None:
-        """(busy, total) jiffies of all CPUs; None where /proc/stat does not exist."""
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(v) for v in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields) - idle, sum(fields)
-
-    @staticmethod
-    def _memory() -> tuple[int, int] | None:
-        try:
-            with open("/proc/meminfo") as f:
-                info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)}
-        except (OSError, ValueError):
-            return None
-        return info["MemTotal"] - info.get("MemAvailable", info["MemFree"]), info["MemTotal"]
-
-    def text(self) -> str:
-        now, memory = self._cpu_times(), self._memory()
-        lines = []
-        if now is not None and self._last is not None:
-            busy, total = now[0] - self._last[0], now[1] - self._last[1]
-            lines += ["# HELP nv_cpu_utilization CPU utilization rate [0.0 - 1.0]", "# TYPE nv_cpu_utilization gauge",
-                      f"nv_cpu_utilization {busy / total if total > 0 else 0.0}"]
-        self._last = now
-        if memory is not None:
-            for name, doc, v in (("nv_cpu_memory_used_bytes", "CPU memory (RAM) in use, in bytes", memory[0]),
-                                 ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", memory[1])):
-                lines += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name} {float(v)}"]
-        return "\n".join(lines) + "\n" if lines else ""
 
 
 class MetricsServer:
@@ -142,14 +137,15 @@ class MetricsServer:
                 pass
 
         self.stats_source, self.registry = stats_source, registry
-        self.cpu = CpuMetrics()
+        self.cpu, self.gpu = CpuMetrics(), GpuMetrics()
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_port
         threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True).start()
 
     def render(self) -> str:
-        return triton_metrics_text(self.stats_source()) + self.cpu.text() + generate_latest(self.registry).decode()
+        return (triton_metrics_text(self.stats_source()) + self.cpu.text() + self.gpu.text()
+                + generate_latest(self.registry).decode())
 
     def close(self) -> None:
         self.httpd.shutdown()

@@ -158,13 +158,20 @@ class ModelVersion:
         if self.state is not ModelState.READY:
             raise Unavailable(f"model '{self.name}' version {self.version} is not ready")
         self.inflight += 1
-        self.stats.pending += 1
 
     def _release(self) -> None:
         self.inflight -= 1
-        self.stats.pending -= 1
         if self.inflight == 0:
             self._drained.set()
+
+    async def _instance(self) -> ModelInstance:
+        """An idle instance; meanwhile the request counts as pending (Triton: awaiting execution)."""
+        stats = self.stats
+        stats.pending += 1
+        try:
+            return await self._idle.get()
+        finally:
+            stats.pending -= 1
 
     def _check(self, request: InferRequest, start: int) -> int:
         try:
@@ -185,7 +192,7 @@ class ModelVersion:
         self._admit()
         queue_ns = infer_ns = 0
         try:
-            instance = await self._idle.get()
+            instance = await self._instance()
             t_exec = _now()
             queue_ns = t_exec - start
             try:
@@ -206,6 +213,9 @@ class ModelVersion:
                 if response.phases:
                     span.backend_phases(response.phases)
             return response
+        except asyncio.CancelledError:  # the client went away
+            self.stats.record_request(False, _now() - start, queue_ns, 0, infer_ns, 0, "CANCELED")
+            raise
         except ModelplexError:
             self.stats.record_request(False, _now() - start, queue_ns, 0, infer_ns, 0, "BACKEND")
             raise
@@ -232,6 +242,9 @@ class ModelVersion:
                 if response.phases:
                     span.backend_phases(response.phases)
             return response
+        except asyncio.CancelledError:  # the client went away
+            self.stats.record_request(False, _now() - start, 0, 0, 0, 0, "CANCELED")
+            raise
         except ModelplexError as e:
             # Queue full or timed out: Triton counts these as REJECTED.
             reason = "REJECTED" if isinstance(e, Unavailable) else "BACKEND"
@@ -245,12 +258,12 @@ class ModelVersion:
         start = _now()
         self._check(request, start)
         self._admit()
-        ok = False
+        ok, reason = False, "BACKEND"
         parent = current_span.get()
         span = None if parent is None else parent.child(f"stream {self.name}", {"model": self.name})
         num_responses = 0
         try:
-            instance = await self._idle.get()
+            instance = await self._instance()
             queue_ns = _now() - start
             try:
                 async for response in instance.stream(request):
@@ -265,8 +278,11 @@ class ModelVersion:
                 self._idle.put_nowait(instance)
             ok = True
             self.stats.record_execution(1, 0, _now() - start - queue_ns, 0)
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away or closed the stream
+            reason = "CANCELED"
+            raise
         finally:
-            self.stats.record_request(ok, _now() - start, 0, 0, 0, 0, "BACKEND")
+            self.stats.record_request(ok, _now() - start, 0, 0, 0, 0, reason)
             self._release()
             if span is not None:
                 span.end()

@@ -19,7 +19,7 @@ from .admin_address import AdminSplitInterceptor, AdminSplitMiddleware
 from .dataplane import DataPlane
 from .extensions import HttpTls
 from .manager import ModelManager
-from .metrics import MetricsServer, register_plugin_collectors
+from .metrics import CallbackCounter, MetricsServer, register_plugin_collectors
 from .plugins import collect_backends, create_plugin_manager
 from .settings import ServerConfig
 
@@ -57,6 +57,9 @@ class Server:
         self.dataplane = DataPlane(settings, self.manager)
         self.manager.dataplane = self.dataplane  # ensembles call their steps through it
         register_plugin_collectors(self.pm, self.dataplane, self.registry)
+        self.registry.register(CallbackCounter(
+            "modelplex_trace_spans_dropped", "Spans dropped because the trace export could not keep up",
+            lambda: self.dataplane.tracing.num_dropped))
         self.ports: dict[str, int] = {}
         self._http_servers: list[tuple[object, asyncio.Task]] = []  # (uvicorn server, its serve task)
         self._grpc_servers: list = []
