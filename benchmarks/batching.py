@@ -1,11 +1,13 @@
 """Batching benchmark: minilm requests/s at concurrency 64 with and without dynamic batching, and the
 per-step overhead of a 3-step ensemble over `simple` against calling `simple` directly (p50).
 
-One server serves `minilm_plain` (no batching), `minilm_batched` (the same model with `dynamic_batching`),
-`simple`, and the ensembles `chain1` (one `simple` step) and `chain3` (three). Load comes from
-`tritonclient.grpc` in client threads (one client each), checked answers only. Throughput rounds
-alternate the two minilm models (A B, B A, ...) so both see the same machine noise; ratios are taken
-within a round and the report gives medians over rounds.
+One server serves minilm in three layouts (instances x ORT intra-op threads: 1x1, 2x1, 1x2), each
+as `minilm_plain_<layout>` (no batching) and `minilm_batched_<layout>` (the same model with
+`dynamic_batching`), plus `simple` and the ensembles `chain1` (one `simple` step) and `chain3`
+(three). Load comes from `tritonclient.grpc` in client threads (one client each), checked answers
+only. Each round runs every cell, the order reversed every other round, so all see the same machine
+noise; ratios are taken within a round (same layout, and best layout against best layout) and the
+report gives medians over rounds.
 
     .venv/bin/python benchmarks/batching.py                 # 3 rounds -> benchmarks/results/batching.md
     .venv/bin/python benchmarks/batching.py --quick         # 1 round, short, report under /tmp/bench
@@ -34,9 +36,16 @@ from serverproc import ServerProcess  # noqa: E402
 
 SEQUENCE = 16  # tokens per minilm request
 BATCHING = "dynamic_batching { }\n"  # Triton's default: batch what is queued, never wait
-# Both minilm models run one ORT thread per run: on 2 busy shared cores a second intra-op thread
-# mostly waits for the first (measured: batch-32 runs 1.7x slower per request with 2 threads).
-ONE_THREAD = 'parameters { key: "intra_op_thread_count" value { string_value: "1" } }\n'
+LAYOUTS = [(1, 1), (2, 1), (1, 2)]  # (instances, ORT intra-op threads per instance)
+
+
+def layout_config(instances: int, threads: int) -> str:
+    return (f'instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n'
+            f'parameters {{ key: "intra_op_thread_count" value {{ string_value: "{threads}" }} }}\n')
+
+
+def layout_name(layout: tuple[int, int]) -> str:
+    return f"{layout[0]}x{layout[1]}"
 CHAIN_STEPS = [  # a+b, a-b -> 2a, 2b -> 2a+2b, 2a-2b
     ({"INPUT0": "INPUT0", "INPUT1": "INPUT1"}, {"OUTPUT0": "S", "OUTPUT1": "D"}),
     ({"INPUT0": "S", "INPUT1": "D"}, {"OUTPUT0": "A2", "OUTPUT1": "B2"}),
@@ -50,11 +59,14 @@ def log(msg: str) -> None:
 
 def build_repo(out: Path) -> None:
     build(out, ["simple", "minilm"])
-    config = (out / "minilm" / "config.pbtxt").read_text() + ONE_THREAD
-    for name, extra in (("minilm_plain", ""), ("minilm_batched", BATCHING)):
-        if not (out / name).exists():
-            shutil.copytree(out / "minilm", out / name)
-        (out / name / "config.pbtxt").write_text(config.replace('name: "minilm"', f'name: "{name}"') + extra)
+    base = (out / "minilm" / "config.pbtxt").read_text()
+    for layout in LAYOUTS:
+        for kind, extra in (("plain", ""), ("batched", BATCHING)):
+            name = f"minilm_{kind}_{layout_name(layout)}"
+            if not (out / name).exists():
+                shutil.copytree(out / "minilm", out / name)
+            config = base.replace('name: "minilm"', f'name: "{name}"') + layout_config(*layout) + extra
+            (out / name / "config.pbtxt").write_text(config)
     for name, steps in (("chain1", [(CHAIN_STEPS[0][0], {"OUTPUT0": "OUTPUT0", "OUTPUT1": "OUTPUT1"})]),
                         ("chain3", CHAIN_STEPS)):
         (out / name / "1").mkdir(parents=True, exist_ok=True)
@@ -112,13 +124,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def ort_ceiling(model_file: Path, rounds: int = 2) -> dict:
-    """onnxruntime alone (this process, one thread): ms per request at batch 1 and batch 32, the
-    most batching could gain on this machine at this moment."""
+def ort_ceiling(model_file: Path, threads: int, rounds: int = 2) -> dict:
+    """onnxruntime alone (this process, `threads` intra-op threads): ms per request at batch 1 and
+    batch 32, the most batching could gain on this machine at this moment."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(model_file), options)
     best = {1: float("inf"), 32: float("inf")}
@@ -131,7 +143,7 @@ def ort_ceiling(model_file: Path, rounds: int = 2) -> dict:
             for _ in range(repeats):
                 session.run(None, feeds)
             best[batch] = min(best[batch], (time.perf_counter() - t0) / repeats / batch * 1e3)
-    return {"ort_b1_ms": best[1], "ort_b32_ms": best[32]}
+    return {"threads": threads, "ort_b1_ms": best[1], "ort_b32_ms": best[32]}
 
 
 # ---- ensemble overhead --------------------------------------------------------------------
@@ -203,32 +215,46 @@ def report(runs: list[dict], meta: dict) -> str:
     ov = [r for r in runs if r["kind"] == "ensemble"]
     rounds = sorted({r["round"] for r in tp})
     by = {(r["round"], r["model"]): r for r in tp}
-    ratios = [by[(n, "minilm_batched")]["rps"] / by[(n, "minilm_plain")]["rps"] for n in rounds]
+    names = [layout_name(layout) for layout in LAYOUTS]
+
+    def rps(n, kind, name):
+        return by[(n, f"minilm_{kind}_{name}")]["rps"]
+
+    def spread(values, fmt="{:.0f}"):
+        return f"{fmt.format(med(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
     lines = [f"# Dynamic batching and ensemble overhead ({meta['date']})", "",
              f"{meta['machine']}. One modelplex server; load from `tritonclient.grpc` threads on the same machine. "
              f"{len(rounds)} round(s); medians over rounds, (min–max). Other tenants' load (5-min load average "
              f"before/after): {meta['load'][0]:.1f} / {meta['load'][1]:.1f} on 2 cores.", "",
              f"## minilm at concurrency {meta['concurrency']} (gRPC, {SEQUENCE} tokens, batch 1 per request, "
-             f"{meta['seconds']:.0f} s per cell, one ORT thread per run for both)", "",
-             "| model | requests/s | inferences per backend call | backend compute per inference (ms) "
-             "| server CPU per inference (ms) |", "|---|---|---|---|---|"]
-    for model, label in (("minilm_plain", "minilm (no dynamic_batching)"), ("minilm_batched", "minilm + `dynamic_batching { }`")):
-        rps = [by[(n, model)]["rps"] for n in rounds]
-        per_call = [by[(n, model)]["per_call"] for n in rounds]
-        compute = [by[(n, model)]["compute_ms"] for n in rounds]
-        cpu = [by[(n, model)]["cpu_ms"] for n in rounds]
-        lines.append(f"| {label} | {med(rps):.0f} ({min(rps):.0f}–{max(rps):.0f}) | {med(per_call):.1f} "
-                     f"| {med(compute):.1f} ({min(compute):.1f}–{max(compute):.1f}) "
-                     f"| {med(cpu):.1f} ({min(cpu):.1f}–{max(cpu):.1f}) |")
+             f"{meta['seconds']:.0f} s per cell)", "",
+             "Layout = instances x ORT intra-op threads per instance.", "",
+             "| layout | unbatched req/s | batched req/s | batched / unbatched | inferences per call (batched) "
+             "| server CPU per inference, unbatched / batched (ms) |", "|---|---|---|---|---|---|"]
+    for name in names:
+        plain = [rps(n, "plain", name) for n in rounds]
+        batched = [rps(n, "batched", name) for n in rounds]
+        ratio = [rps(n, "batched", name) / rps(n, "plain", name) for n in rounds]
+        per_call = [by[(n, f"minilm_batched_{name}")]["per_call"] for n in rounds]
+        cpu = [by[(n, f"minilm_plain_{name}")]["cpu_ms"] for n in rounds]
+        cpu_b = [by[(n, f"minilm_batched_{name}")]["cpu_ms"] for n in rounds]
+        lines.append(f"| {name} | {spread(plain)} | {spread(batched)} | {spread(ratio, '{:.2f}')}× "
+                     f"| {med(per_call):.1f} | {med(cpu):.1f} / {med(cpu_b):.1f} |")
+    best = [max(rps(n, "batched", x) for x in names) / max(rps(n, "plain", x) for x in names) for n in rounds]
+    same = [rps(n, "batched", names[0]) / rps(n, "plain", names[0]) for n in rounds]
     ceiling = [r for r in runs if r["kind"] == "ceiling"]
-    gains = [r["ort_b1_ms"] / r["ort_b32_ms"] for r in ceiling]
-    cpu_gains = [by[(n, "minilm_plain")]["cpu_ms"] / by[(n, "minilm_batched")]["cpu_ms"] for n in rounds]
-    lines += ["", f"**Batched / unbatched: {med(ratios):.2f}×** (per round: "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}; goal ≥ 2×). Server CPU per inference, unbatched / "
-              f"batched: {med(cpu_gains):.2f}× (per round: {', '.join(f'{g:.2f}' for g in cpu_gains)}).", "",
-              f"Ceiling: onnxruntime alone (one thread, between rounds) takes {med([r['ort_b1_ms'] for r in ceiling]):.1f} "
-              f"ms per request at batch 1 and {med([r['ort_b32_ms'] for r in ceiling]):.1f} at batch 32: batching "
-              f"can gain at most {med(gains):.2f}× here (per round: {', '.join(f'{g:.2f}' for g in gains)}).", "",
+    lines += ["", f"**Batched / unbatched, same layout (1x1): {med(same):.2f}×** (per round: "
+              f"{', '.join(f'{r:.2f}' for r in same)}); **best batched layout / best unbatched layout: "
+              f"{med(best):.2f}×** (per round: {', '.join(f'{r:.2f}' for r in best)}); goal ≥ 2×.", "",
+              "Ceiling, onnxruntime alone in the benchmark process between rounds (ms per request):", "",
+              "| ORT threads | batch 1 | batch 32 | most batching can gain |", "|---|---|---|---|"]
+    for threads in sorted({r["threads"] for r in ceiling}):
+        rows = [r for r in ceiling if r["threads"] == threads]
+        gains = [r["ort_b1_ms"] / r["ort_b32_ms"] for r in rows]
+        lines.append(f"| {threads} | {med([r['ort_b1_ms'] for r in rows]):.1f} | {med([r['ort_b32_ms'] for r in rows]):.1f} "
+                     f"| {med(gains):.2f}× ({', '.join(f'{g:.2f}' for g in gains)}) |")
+    lines += ["",
               "## Ensemble overhead (gRPC, concurrency 1, p50 latency in ms)", "",
               "| direct `simple` | client calls the 3 steps | `chain1` ensemble | `chain3` ensemble "
               "| one step's work in `simple` (W) | one more step: (chain3 − chain1) / 2 | overhead per step |",
@@ -261,9 +287,9 @@ def main() -> None:
     runs = []
     load_before = os.getloadavg()[1]
     with ServerProcess([args.repo], env={"MODELPLEX_PLUGINS": "onnx,ensemble"}) as server:
+        models = [f"minilm_{kind}_{layout_name(layout)}" for layout in LAYOUTS for kind in ("plain", "batched")]
         for n in range(args.rounds):
-            order = ["minilm_plain", "minilm_batched"][:: 1 if n % 2 == 0 else -1]
-            for model in order:
+            for model in models[:: 1 if n % 2 == 0 else -1]:
                 before, cpu_before = counters(server.grpc_url, model), cpu_seconds(server.proc.pid)
                 row = throughput(server.grpc_url, model, args.concurrency, args.seconds, args.warmup)
                 after, cpu_after = counters(server.grpc_url, model), cpu_seconds(server.proc.pid)
@@ -274,9 +300,10 @@ def main() -> None:
                 runs.append({"kind": "throughput", "round": n, **row})
                 log("round %d %s: %.0f req/s, %.1f inferences per call, %.1f ms compute and %.1f ms server CPU "
                     "per inference" % (n, model, row["rps"], row["per_call"], row["compute_ms"], row["cpu_ms"]))
-            row = ort_ceiling(args.repo / "minilm" / "1" / "model.onnx")
-            runs.append({"kind": "ceiling", "round": n, **row})
-            log("round %d onnxruntime alone: %s" % (n, {k: round(v, 2) for k, v in row.items()}))
+            for threads in (1, 2):
+                row = ort_ceiling(args.repo / "minilm" / "1" / "model.onnx", threads)
+                runs.append({"kind": "ceiling", "round": n, **row})
+                log("round %d onnxruntime alone: %s" % (n, {k: round(v, 2) for k, v in row.items()}))
             row = ensemble_overhead(server.grpc_url, args.latency_requests)
             runs.append({"kind": "ensemble", "round": n, **row})
             log("round %d ensemble: %s" % (n, {k: round(v, 3) for k, v in row.items()}))
