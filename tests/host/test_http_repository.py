@@ -88,6 +88,12 @@ def test_files_override_serves_the_uploaded_model(client, repo):
     for tensor in inputs:
         tensor.set_data_from_numpy(np.full((1, 16), b"20", dtype=np.object_))
     assert client.infer("simple", inputs).as_numpy("OUTPUT0").ravel().tolist() == [b"40"] * 16
+    # A failed upload replaces nothing: the model uploaded before keeps serving.
+    with pytest.raises(InferenceServerException):
+        client.load_model("simple", config=json.dumps(config), files={"file:1/model.onnx": b"not onnx"})
+    assert client.infer("simple", inputs).as_numpy("OUTPUT0").ravel().tolist() == [b"40"] * 16
+    client.unload_model("simple")
+    client.load_model("simple", config=json.dumps(config), files={"file:1/model.onnx": onnx_bytes})
     client.load_model("simple")  # without files: back to the repository's model
     assert client.get_model_metadata("simple")["inputs"][0]["datatype"] == "INT32"
     infer_int32(client)
