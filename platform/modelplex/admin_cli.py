@@ -1,4 +1,5 @@
-"""`modelplex models|adapters|health`: a client of a running server's HTTP API, for people and scripts.
+"""`modelplex models|adapters|trace|logging|health`: a client of a running server's HTTP API, for people
+and scripts.
 
 Exit codes: 0 ok, 1 the server answered with an error (or is not ready), 2 usage, 3 server unreachable.
 """
@@ -8,12 +9,15 @@ import argparse
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import httpx
 
 OK, SERVER_ERROR, USAGE, UNREACHABLE = 0, 1, 2, 3
 DEFAULT_URL = "http://localhost:8000"
+DEFAULT_TIMEOUT_S, LOAD_TIMEOUT_S = 30.0, 3600.0  # a model load (an LLM's weights) may take minutes
+PROGRESS_POLL_S = 0.5
 
 
 class CommandError(Exception):
@@ -28,7 +32,9 @@ def add_admin_commands(sub) -> None:
     common.add_argument("--url", default=os.environ.get("MODELPLEX_URL", DEFAULT_URL),
                         help=f"the server's HTTP address (default $MODELPLEX_URL or {DEFAULT_URL})")
     common.add_argument("--json", action="store_true", help="print the server's JSON answer")
-    common.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for an answer")
+    common.add_argument("--timeout", type=float, default=None,
+                        help=f"seconds to wait for an answer (default {DEFAULT_TIMEOUT_S:g}; "
+                             f"{LOAD_TIMEOUT_S:g} for a load)")
     common.add_argument("--token", default=os.environ.get("MODELPLEX_TOKEN"),
                         help="bearer token sent as Authorization (default $MODELPLEX_TOKEN)")
     common.add_argument("--token-file", type=Path, default=os.environ.get("MODELPLEX_TOKEN_FILE"),
@@ -61,6 +67,11 @@ def add_admin_commands(sub) -> None:
             p.add_argument("--source", help="where the adapter's files are (a folder the server can read)")
 
     sub.add_parser("health", parents=[common], help="is the server live and ready (exit 0 only when ready)")
+    trace = sub.add_parser("trace", parents=[common], help="show or change the trace settings (Triton's)")
+    trace.add_argument("--model", default="", help="a model's own settings (KEY=null clears its override)")
+    trace.add_argument("changes", nargs="*", metavar="KEY=VALUE", help="e.g. trace_level=TIMESTAMPS trace_rate=100")
+    logs = sub.add_parser("logging", parents=[common], help="show or change the log settings (Triton's)")
+    logs.add_argument("changes", nargs="*", metavar="KEY=VALUE", help="e.g. log_verbose_level=1 log_info=false")
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -79,11 +90,16 @@ def run_admin_command(args: argparse.Namespace) -> int:
     except CommandError as e:
         print(f"modelplex {args.command}: {e}", file=sys.stderr)
         return e.exit_code
-    client = httpx.Client(base_url=args.url.rstrip("/"), timeout=args.timeout,
+    timeout = args.timeout
+    if timeout is None:
+        is_load = args.command in ("models", "adapters") and args.action == "load"
+        timeout = LOAD_TIMEOUT_S if is_load else DEFAULT_TIMEOUT_S
+    client = httpx.Client(base_url=args.url.rstrip("/"), timeout=timeout,
                           headers={"Authorization": f"Bearer {token}"} if token else None)
     try:
         with client:
-            command = {"models": _models, "adapters": _adapters, "health": _health}[args.command]
+            command = {"models": _models, "adapters": _adapters, "health": _health, "trace": _trace,
+                       "logging": _logging}[args.command]
             return command(client, args)
     except CommandError as e:
         print(f"modelplex {args.command}: {e}", file=sys.stderr)
@@ -126,7 +142,7 @@ def _models(client: httpx.Client, args) -> int:
             except (OSError, ValueError) as e:
                 raise CommandError(f"--config {args.config}: {e}", USAGE) from None
             body = {"parameters": {"config": json.dumps(config)}}
-        _call(client, "POST", f"/v2/repository/models/{args.name}/load", body)
+        _load_showing_progress(client, args.name, body)
         _done(args, f"loaded {args.name}")
     elif args.action == "unload":
         body = {"parameters": {"unload_dependents": True}} if args.unload_dependents else {}
@@ -141,6 +157,35 @@ def _models(client: httpx.Client, args) -> int:
         _print(args, stats, ["name", "version", "success", "fail", "inferences", "executions",
                              "mean_ms", "queue_ms"], [_stats_row(s) for s in stats])
     return OK
+
+
+def _load_showing_progress(client: httpx.Client, name: str, body: dict) -> None:
+    """The load call; while it runs, each new step of the LOADING version (its reason in the
+    repository index: instances created, weights loaded, KV cache allocated) is printed on stderr."""
+    outcome: dict[str, object] = {}
+
+    def load() -> None:
+        try:
+            outcome["answer"] = _call(client, "POST", f"/v2/repository/models/{name}/load", body)
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=load, name="load", daemon=True)
+    worker.start()
+    shown = set()
+    with httpx.Client(base_url=client.base_url, headers=client.headers, timeout=5.0) as poller:
+        while worker.join(PROGRESS_POLL_S) or worker.is_alive():
+            try:
+                rows = poller.post("/v2/repository/index", json={}).json()
+            except (httpx.HTTPError, ValueError):
+                continue  # progress is best effort; the load call decides the outcome
+            for row in rows if isinstance(rows, list) else ():
+                step = f"version {row.get('version')}: {row.get('reason')}"
+                if row.get("name") == name and row.get("state") == "LOADING" and row.get("reason") and step not in shown:
+                    shown.add(step)
+                    print(f"loading {name} {step}", file=sys.stderr, flush=True)
+    if "error" in outcome:
+        raise outcome["error"]
 
 
 def _stats_row(s: dict) -> dict:
@@ -177,6 +222,45 @@ def _health(client: httpx.Client, args) -> int:
     else:
         print(f"live: {'yes' if live else 'no'}\nready: {'yes' if ready else 'no'}")
     return OK if live and ready else SERVER_ERROR
+
+
+def _changes(items: list[str], value_of) -> dict:
+    changes = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"expected KEY=VALUE, got {item!r}", USAGE)
+        changes[key] = value_of(key, value)
+    return changes
+
+
+def _trace_value(key: str, value: str):
+    """Triton's trace settings are strings; trace_level a list of them; null clears an override."""
+    if value == "null":
+        return None
+    return value.split(",") if key == "trace_level" else value
+
+
+def _log_value(key: str, value: str):
+    """Triton's log settings are booleans (log_info...), an integer (log_verbose_level) or strings."""
+    if value in ("true", "false"):
+        return value == "true"
+    return int(value) if value.isdigit() else value
+
+
+def _trace(client: httpx.Client, args) -> int:
+    path = f"/v2/models/{args.model}/trace/setting" if args.model else "/v2/trace/setting"
+    changes = _changes(args.changes, _trace_value)
+    settings = _call(client, "POST", path, changes) if changes else _call(client, "GET", path)
+    _print(args, settings, ["setting", "value"], [{"setting": k, "value": v} for k, v in settings.items()])
+    return OK
+
+
+def _logging(client: httpx.Client, args) -> int:
+    changes = _changes(args.changes, _log_value)
+    settings = _call(client, "POST", "/v2/logging", changes) if changes else _call(client, "GET", "/v2/logging")
+    _print(args, settings, ["setting", "value"], [{"setting": k, "value": v} for k, v in settings.items()])
+    return OK
 
 
 def _done(args, message: str) -> None:

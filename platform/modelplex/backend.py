@@ -56,6 +56,9 @@ class InstanceContext:
     # For an instance that can no longer serve (its worker process died): the host marks the model
     # version UNAVAILABLE with `reason` until it is reloaded. Safe to call from any thread.
     report_failure: Callable[[str], None] = field(default=lambda reason: None, repr=False)
+    # For a long load: what is done so far ("weights loaded in 2.1 s"). The host logs it and shows it
+    # as the LOADING version's reason in the repository index. Safe to call from any thread.
+    report_progress: Callable[[str], None] = field(default=lambda message: None, repr=False)
 
 
 class ModelInstance(ABC):

@@ -39,6 +39,7 @@ class ModelEntry:
     fingerprint: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     override_dir: Path | None = None
+    loading: dict[int, ModelVersion] = field(default_factory=dict)  # versions being loaded, for the index
 
 
 class ModelManager:
@@ -88,11 +89,15 @@ class ModelManager:
         rows = []
         for name in sorted(self._known() | set(self.entries)):
             entry = self.entries.get(name)
-            if entry is None or (not entry.versions and not entry.failed):
+            loading = {} if entry is None or ready_only else {
+                v: mv for v, mv in entry.loading.items() if v not in entry.versions}
+            if entry is None or (not entry.versions and not entry.failed and not loading):
                 if not ready_only:
                     rows.append({"name": name} | ({"state": "UNAVAILABLE", "reason": entry.error}
                                                   if entry and entry.error else {}))
                 continue
+            for version, mv in sorted(loading.items()):  # LOADING, with its progress as the reason
+                rows.append({"name": name, "version": str(version), "state": mv.state.value, "reason": mv.reason})
             for version, mv in sorted(entry.versions.items()):
                 if not ready_only or mv.is_ready:
                     rows.append({"name": name, "version": str(version), "state": mv.state.value,
@@ -206,7 +211,12 @@ class ModelManager:
                 keep[v] = old
             else:
                 new[v] = self._new_version(entry.name, v, location, config, spec, fp)
-        results = await asyncio.gather(*(mv.load(self.settings.model_load_timeout_secs or None) for mv in new.values()), return_exceptions=True)
+        entry.loading = new
+        try:
+            results = await asyncio.gather(*(mv.load(self.settings.model_load_timeout_secs or None)
+                                             for mv in new.values()), return_exceptions=True)
+        finally:
+            entry.loading = {}
         failures = {v: r for v, r in zip(new, results) if isinstance(r, BaseException)}
         if failures:
             for v, mv in new.items():

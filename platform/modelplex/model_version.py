@@ -81,7 +81,9 @@ class ModelVersion:
         start = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            for ictx in self._instance_contexts():
+            contexts = self._instance_contexts()
+            for number, ictx in enumerate(contexts, 1):
+                self.report_progress(f"creating instance {ictx.name} ({number}/{len(contexts)})")
                 instance = await self._create_instance(ictx, deadline, timeout)
                 self.instances.append(instance)
                 slots = getattr(instance, "max_concurrency", None) or self.spec.max_concurrency_per_instance
@@ -137,8 +139,15 @@ class ModelVersion:
             for device_id in gpus if kind == "GPU" else [0]:
                 for i in range(max(1, group.count)):
                     contexts.append(InstanceContext(self.ctx, f"{name}_{i}", len(contexts), kind, device_id,
-                                                    report_failure=self._report_failure))
+                                                    report_failure=self._report_failure,
+                                                    report_progress=self.report_progress))
         return contexts
+
+    def report_progress(self, message: str) -> None:
+        """A loading step done (any thread): logged, and the LOADING version's reason meanwhile."""
+        log.info("model %s version %s loading: %s", self.name, self.version, message)
+        if self.state is ModelState.LOADING:
+            self.reason = message  # one attribute store: safe from the loading thread
 
     def _report_failure(self, reason: str) -> None:
         """An instance died (any thread): refuse requests with `reason` until the model is reloaded."""

@@ -93,3 +93,63 @@ def test_the_admin_token_comes_from_a_flag_the_environment_or_a_file(example_rep
         code, _, err = run(capsys, "models", "list", "--url", url, "--token-file", str(tmp_path / "missing"),
                            "--token", "")
         assert code == 2 and "--token-file" in err
+
+
+def test_bad_input_gives_clear_messages_and_exit_codes(url, capsys):
+    """Statistics of a model that does not exist, unknown or malformed trace/log settings."""
+    code, _, err = run(capsys, "models", "stats", "no_such_model", "--url", url)
+    assert code == 1 and "404" in err and "no_such_model" in err, err
+    code, _, err = run(capsys, "trace", "trace_colour=red", "--url", url)
+    assert code == 1 and "unknown trace setting 'trace_colour'" in err, err
+    code, _, err = run(capsys, "trace", "trace_rate=0", "--url", url)
+    assert code == 1 and "trace_rate must be an integer >= 1" in err, err
+    code, _, err = run(capsys, "trace", "--model", "no_such_model", "trace_rate=1", "--url", url)
+    assert code == 1 and "no_such_model" in err, err
+    code, _, err = run(capsys, "logging", "log_colour=blue", "--url", url)
+    assert code == 1 and "unknown log setting 'log_colour'" in err, err
+    code, _, err = run(capsys, "logging", "log_verbose_level", "--url", url)
+    assert code == 2 and "expected KEY=VALUE" in err, err
+
+
+def test_trace_and_log_settings_round_trip(url, capsys):
+    code, out, _ = run(capsys, "trace", "--model", "simple", "trace_rate=10", "trace_count=5", "--url", url, "--json")
+    assert code == 0 and json.loads(out)["trace_rate"] == "10" and json.loads(out)["trace_count"] == "5"
+    code, out, _ = run(capsys, "trace", "--model", "simple", "trace_rate=null", "trace_count=null", "--url", url)
+    rows = [line.split(maxsplit=1) for line in out.splitlines()]
+    assert code == 0 and rows[0] == ["SETTING", "VALUE"] and ["trace_rate", "1000"] in rows, out
+    code, out, _ = run(capsys, "logging", "log_verbose_level=1", "--url", url, "--json")
+    assert code == 0 and json.loads(out)["log_verbose_level"] == 1
+    assert run(capsys, "logging", "log_verbose_level=0", "--url", url)[0] == 0
+
+
+SLOW_CONFIG = """name: "slow_start"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 2 } ]
+"""
+SLOW_MODEL = '''import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(1.0)  # a long load
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "X")]) for r in requests]
+'''
+
+
+def test_a_long_load_shows_its_progress_in_the_cli_and_the_server_log(tmp_path, capsys):
+    (tmp_path / "slow_start" / "1").mkdir(parents=True)
+    (tmp_path / "slow_start" / "config.pbtxt").write_text(SLOW_CONFIG)
+    (tmp_path / "slow_start" / "1" / "model.py").write_text(SLOW_MODEL)
+    with ServerProcess([tmp_path], "--model-control-mode", "explicit") as s:
+        code, out, err = run(capsys, "models", "load", "slow_start", "--url", f"http://{s.http_url}")
+        log = s.log()
+    assert (code, out) == (0, "loaded slow_start\n"), err
+    assert "loading slow_start version 1: creating instance slow_start_0_1 (2/2)" in err, err
+    assert "model slow_start version 1 loading: creating instance slow_start_0_0 (1/2)" in log
+    assert "model slow_start version 1 loading: creating instance slow_start_0_1 (2/2)" in log

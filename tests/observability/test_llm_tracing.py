@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 
 import httpx
 import pytest
@@ -28,8 +29,10 @@ def llm_and_ensemble_repo(tmp_path_factory):
     return repo
 
 
-def test_one_trace_through_an_ensemble_and_a_streamed_llm_completion(llm_and_ensemble_repo):
+def test_one_trace_through_an_ensemble_and_a_streamed_llm_completion(llm_and_ensemble_repo, caplog):
     import openai
+
+    caplog.set_level(logging.INFO, logger="modelplex.model_version")
 
     async def main():
         async with traced_server(llm_and_ensemble_repo, TraceConfig(level="TIMESTAMPS", rate=1),
@@ -49,6 +52,9 @@ def test_one_trace_through_an_ensemble_and_a_streamed_llm_completion(llm_and_ens
             return chunks, exporter.get_finished_spans()
 
     chunks, spans = asyncio.run(main())
+    # The load's progress, as the engine reported it (also the LOADING version's reason meanwhile).
+    progress = [r.getMessage() for r in caplog.records if "smollm2 version 1 loading" in r.getMessage()]
+    assert any("weights loaded in" in m for m in progress) and any("KV cache allocated" in m for m in progress)
     assert {format(s.context.trace_id, "032x") for s in spans} == {TRACE_ID}  # one trace
     roots = [s for s in spans if s.parent is not None and s.parent.is_remote]
     assert sorted(s.name for s in roots) == ["POST /v1/chat/completions", "POST /v2/models/ensemble_add_sub/infer"]

@@ -115,7 +115,7 @@ class LLMInstance(ModelInstance):
         self.max_queue_size = max_queue_size(ictx.model)
         config = engine_config(ictx.model, device)
         try:
-            self.engine = AsyncLLMEngine(LLMEngine(config))
+            self.engine = AsyncLLMEngine(LLMEngine(config, on_progress=ictx.report_progress))
         except EngineError as exc:
             raise InvalidInput(f"model '{ictx.model.name}': {exc}") from None
         self.model = (ictx.model.name, str(ictx.model.version))

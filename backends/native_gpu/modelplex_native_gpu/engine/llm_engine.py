@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,8 +52,11 @@ class _Completion:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, tokenizer=None, loaded: LoadedWeights | None = None):
-        """`tokenizer` and `loaded` (weights) default to loading from config.model."""
+    def __init__(self, config: EngineConfig, tokenizer=None, loaded: LoadedWeights | None = None,
+                 on_progress: Callable[[str], None] | None = None):
+        """`tokenizer` and `loaded` (weights) default to loading from config.model; `on_progress`
+        hears about the long steps of a load (weights, KV cache) as they finish."""
+        progress = on_progress or (lambda message: None)
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -60,10 +64,12 @@ class LLMEngine:
         started = time.perf_counter()
         loaded = loaded or load_weights(config.model)
         arch = loaded.config
+        progress(f"weights loaded in {time.perf_counter() - started:.1f} s ({arch.num_hidden_layers} layers)")
         self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, arch.max_position_embeddings)
         self.runner = ModelRunner(ModelRunnerConfig(device, dtype, config.block_size, self.max_model_len), loaded)
         self.runner.sampler.generator.manual_seed(config.seed)
         num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
+        progress(f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens on {device}")
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len)
