@@ -10,6 +10,7 @@ encoding and export happen in another process (`trace_export`, `otlp_exporter`).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 import time
@@ -28,6 +29,15 @@ _getrandbits = random.getrandbits
 _time_ns = time.time_ns
 
 
+def default_otlp_url(env) -> str:
+    """OpenTelemetry's environment variables, else the local collector's OTLP/HTTP address."""
+    if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
+    return "http://localhost:4318/v1/traces"
+
+
 @dataclass
 class TraceConfig:
     """`--trace-config` as Triton spells it: level/rate/count/mode, and `opentelemetry,<key>=<value>`."""
@@ -35,7 +45,7 @@ class TraceConfig:
     level: str = "OFF"
     rate: int = 1000
     count: int = -1
-    url: str = "http://localhost:4318/v1/traces"
+    url: str = field(default_factory=lambda: default_otlp_url(os.environ))
     resource: dict[str, str] = field(default_factory=lambda: {"service.name": "modelplex"})
     bsp_max_queue_size: int = 2048
     bsp_schedule_delay_ms: int = 5000

@@ -1,7 +1,8 @@
 """One client trace across an ensemble request and a streamed LLM chat completion (SmolLM2 on the
 native_gpu engine, the `openai` client): the SDK's in-memory exporter gets one trace whose spans
 link up as server span -> model / stream span -> steps, queue/compute, engine queue and prefill,
-with one event per streamed chunk and the time to the first one (TTFT)."""
+with one event per streamed chunk and the time to the first one (TTFT). The same (slow to load)
+server also shows its LLM engine on the status page, and its load progress in the log."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ import logging
 
 import httpx
 import pytest
+from cdp import Browser, chromium_path
 from inprocess import traced_server
 from test_tracing import CLIENT_SPAN_ID, TRACE_ID, TRACEPARENT, check_ensemble_trace, infer_body
 
@@ -27,6 +29,25 @@ def llm_and_ensemble_repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("llm_trace_repo")
     build(repo, ["simple", "ensemble_add_sub", "smollm2"])
     return repo
+
+
+ENGINE_CELL = "document.querySelector('#engines tr[data-model=\"smollm2\"] td:nth-child({})')?.textContent"
+
+
+async def check_status_page(url: str) -> None:
+    """The same server's status page in headless chromium lists the LLM's engine: nothing running,
+    some KV cache in use by the prefix cache or none, and a TTFT/ITL from the completion just served."""
+    executable = chromium_path()
+    if executable is None:
+        return  # the status page's own test says so; the trace is what this test is about
+    async with Browser(executable) as page:
+        await page.goto(url)
+        assert await page.wait_for(ENGINE_CELL.format(5) + " !== undefined && " + ENGINE_CELL.format(5) + " !== '–'")
+        assert await page.evaluate(ENGINE_CELL.format(2)) == "0"  # running
+        assert (await page.evaluate(ENGINE_CELL.format(4))).endswith("%")  # KV cache used
+        assert float(await page.evaluate(ENGINE_CELL.format(5))) > 0  # TTFT, ms
+        assert float(await page.evaluate(ENGINE_CELL.format(6))) > 0  # ITL, ms
+        assert not await page.evaluate("document.getElementById('llm').hidden")
 
 
 def test_one_trace_through_an_ensemble_and_a_streamed_llm_completion(llm_and_ensemble_repo, caplog):
@@ -49,7 +70,9 @@ def test_one_trace_through_an_ensemble_and_a_streamed_llm_completion(llm_and_ens
             chunks = [chunk async for chunk in stream]
             await llm.close()
             server.dataplane.tracing.flush()
-            return chunks, exporter.get_finished_spans()
+            spans = exporter.get_finished_spans()
+            await check_status_page(f"{base}/ui/")
+            return chunks, spans
 
     chunks, spans = asyncio.run(main())
     # The load's progress, as the engine reported it (also the LOADING version's reason meanwhile).

@@ -45,3 +45,12 @@ def test_varint_boundaries():
             decoded |= (byte & 0x7F) << shift
             shift += 7
         assert decoded == n
+
+
+def test_the_collector_address_follows_opentelemetrys_environment():
+    from modelplex.tracing import default_otlp_url
+
+    assert default_otlp_url({}) == "http://localhost:4318/v1/traces"
+    assert default_otlp_url({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318/"}) == "http://otel:4318/v1/traces"
+    assert default_otlp_url({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318",
+                             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:9/x"}) == "http://t:9/x"

@@ -42,7 +42,7 @@ def test_unload_from_the_page(example_repo):
                                    for n in ("INPUT0", "INPUT1")]}
                 for _ in range(3):
                     assert (await client.post(f"{url}v2/models/simple/infer", json=body)).status_code == 200
-            await page.wait_for("document.querySelector('tr[data-model=\"simple\"] td:nth-child(8)')"
+            await page.wait_for("document.querySelector('tr[data-model=\"simple\"] td:nth-child(9)')"
                                 "?.textContent === '3'")
             await page.evaluate("document.querySelector('button[data-model=\"simple\"][data-action=\"unload\"]').click()")
             assert await page.wait_for(STATE_OF.format("simple") + " === 'UNAVAILABLE'")

@@ -62,6 +62,20 @@ def test_spans_reach_an_otlp_collector(example_repo):
     assert sorted(s.name for s in collector.spans) == ["POST /v2/models/simple/infer", "compute", "infer simple", "queue"]
     assert {s.trace_id.hex() for s in collector.spans} == {TRACE_ID}
     assert collector.resources[0]["service.name"] == "test-modelplex"
+    # Parent links, kinds, flags and attributes as the exporter process encoded them.
+    span = {s.name: s for s in collector.spans}
+    server, model = span["POST /v2/models/simple/infer"], span["infer simple"]
+    assert server.parent_span_id.hex() == "00f067aa0ba902b7" and server.kind == server.SPAN_KIND_SERVER
+    assert server.flags == 0x300  # has-is-remote and is-remote: the parent came from the client
+    attributes = {a.key: a.value for a in server.attributes}
+    assert attributes["http.response.status_code"].int_value == 200 and attributes["model"].string_value == "simple"
+    assert model.parent_span_id == server.span_id and model.kind == model.SPAN_KIND_INTERNAL and model.flags == 0x100
+    for phase in (span["queue"], span["compute"]):
+        assert phase.parent_span_id == model.span_id
+        assert model.start_time_unix_nano <= phase.start_time_unix_nano <= phase.end_time_unix_nano <= model.end_time_unix_nano
+    assert [a.value.int_value for a in span["compute"].attributes if a.key == "modelplex.batch_size"] == [1]
+    assert server.start_time_unix_nano <= model.start_time_unix_nano <= model.end_time_unix_nano <= server.end_time_unix_nano
+    assert len({s.span_id for s in collector.spans}) == 4
     collector.httpd.shutdown()
 
 
@@ -79,11 +93,15 @@ def test_a_collector_that_never_answers_slows_no_request(example_repo):
                 start = time.monotonic()
                 assert client.post("/v2/models/simple/infer", json=BODY).status_code == 200
                 slowest, num = max(slowest, time.monotonic() - start), num + 1
+            # What could not be exported was dropped and counted, not queued without bound.
+            dropped = [line for line in httpx.get(s.metrics_url).text.splitlines()
+                       if line.startswith("modelplex_trace_spans_dropped_total ")]
             stop_started = time.monotonic()
             assert s.stop() == 0
             stop_seconds = time.monotonic() - stop_started
     # A request waiting on the export would take the exporter's 5 s timeout; 2 s leaves room for a busy host.
     assert slowest < 2.0, f"slowest of {num} requests took {slowest:.3f}s while the collector hung"
+    assert float(dropped[0].split()[1]) > 0, dropped
     # The exit waits at most 2 s for queued spans (the SDK's own exit hook would wait out the exporter).
     assert stop_seconds < 5.0, f"the server took {stop_seconds:.1f}s to exit while the collector hung"
 

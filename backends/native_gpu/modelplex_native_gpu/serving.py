@@ -176,9 +176,15 @@ class LLMInstance(ModelInstance):
         """Scheduler and KV-cache occupancy (the engine_stats route, the LLM metrics, tests)."""
         engine = self.engine.engine
         kv = engine.kv_cache_manager
+        latencies = {"ttft_seconds_sum": 0.0, "ttft_count": 0, "itl_seconds_sum": 0.0, "itl_count": 0}
+        for series in self.metrics.snapshot().values():  # all adapters: the status page's means
+            latencies["ttft_seconds_sum"] += series.ttft.sum
+            latencies["ttft_count"] += sum(series.ttft.counts)
+            latencies["itl_seconds_sum"] += series.itl.sum
+            latencies["itl_count"] += sum(series.itl.counts)
         return {**engine.stats(), "num_running": len(engine.scheduler.running),
                 "num_waiting": self.engine.num_waiting, "max_queue_size": self.max_queue_size,
-                "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits}
+                "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits, **latencies}
 
     async def close(self) -> None:
         self.engine.shutdown()

@@ -1,8 +1,10 @@
 // The status page: reads the server's own KServe v2 / Triton APIs every REFRESH_MS and renders
-// models, states, request rates and latencies; load/unload buttons call the repository API.
+// models, states, adapters, request rates and latencies, and for LLMs the engine's running and
+// waiting requests, KV-cache use, TTFT and ITL; load/unload buttons call the repository API.
 "use strict";
 const REFRESH_MS = 2000;
 let previous = {};  // "model/version" -> {time, success, ns, queueNs}: rates are differences between refreshes
+let previousEngine = {};  // model -> latency sums and counts at the last refresh
 
 function headers() {
   const token = document.getElementById("token").value || localStorage.getItem("modelplexToken") || "";
@@ -59,11 +61,62 @@ function actionButton(name, action) {
   return button;
 }
 
+// Adapters per model, from the OpenAI model list (an adapter's `parent` is its model); {} without it.
+async function adaptersByModel() {
+  try {
+    const models = await call("GET", "/v1/models");
+    const byModel = {};
+    for (const m of models.data || []) if (m.parent) (byModel[m.parent] ||= []).push(m.id);
+    return byModel;
+  } catch (e) {
+    return {};
+  }
+}
+
+// One model's engine occupancy and latencies (LLM backends), summed over its instances; null for others.
+async function engineRow(name) {
+  let instances;
+  try {
+    instances = (await call("GET", `/v2/models/${encodeURIComponent(name)}/engine_stats`)).instances || [];
+  } catch (e) {
+    return null;
+  }
+  const engines = instances.filter((i) => i.num_blocks !== undefined);
+  if (!engines.length) return null;
+  const sum = (key) => engines.reduce((total, i) => total + (i[key] || 0), 0);
+  const cur = {ttft: sum("ttft_seconds_sum"), ttftN: sum("ttft_count"), itl: sum("itl_seconds_sum"), itlN: sum("itl_count")};
+  const before = previousEngine[name] || {ttft: 0, ttftN: 0, itl: 0, itlN: 0};
+  previousEngine[name] = cur;
+  // Over the last interval when requests came, else since load.
+  const mean = (s, n, s0, n0) => (n > n0 ? ((s - s0) / (n - n0) * 1000).toFixed(1)
+                                  : n ? (s / n * 1000).toFixed(1) : "–");
+  const blocks = sum("num_blocks");
+  return {
+    model: name, running: sum("num_running"), waiting: sum("num_waiting"),
+    kv: blocks ? `${((1 - sum("num_free_blocks") / blocks) * 100).toFixed(1)}%` : "–",
+    ttft: mean(cur.ttft, cur.ttftN, before.ttft, before.ttftN),
+    itl: mean(cur.itl, cur.itlN, before.itl, before.itlN),
+  };
+}
+
+function renderEngines(rows) {
+  const body = document.getElementById("engines");
+  body.replaceChildren();
+  for (const r of rows) {
+    const row = body.insertRow();
+    row.dataset.model = r.model;
+    cell(row, r.model);
+    for (const v of [r.running, r.waiting, r.kv, r.ttft, r.itl]) cell(row, String(v), "num");
+  }
+  document.getElementById("llm").hidden = rows.length === 0;
+}
+
 async function refresh() {
   const now = Date.now();
   try {
-    const [meta, index, stats] = await Promise.all([
-      call("GET", "/v2"), call("POST", "/v2/repository/index", {}), call("GET", "/v2/models/stats")]);
+    const [meta, index, stats, adapters] = await Promise.all([
+      call("GET", "/v2"), call("POST", "/v2/repository/index", {}), call("GET", "/v2/models/stats"),
+      adaptersByModel()]);
     const ready = (await fetch("/v2/health/ready")).ok;
     document.getElementById("server").textContent =
       `${meta.name} ${meta.version} — ${ready ? "ready" : "not ready"} — ${index.length} models listed`;
@@ -80,9 +133,12 @@ async function refresh() {
       cell(row, m.version || "–");
       cell(row, state, `state ${state}`);
       cell(row, m.reason || "");
+      cell(row, (adapters[m.name] || []).join(", "), "adapters");
       for (const v of [r.rate, r.latency, r.queue, r.success, r.fail]) cell(row, v ?? "–", "num");
       cell(row, "").append(actionButton(m.name, state === "READY" ? "unload" : "load"));
     }
+    const readyModels = [...new Set(index.filter((m) => m.state === "READY").map((m) => m.name))];
+    renderEngines((await Promise.all(readyModels.map(engineRow))).filter((r) => r));
     document.getElementById("updated").textContent = `updated ${new Date(now).toLocaleTimeString()}`;
   } catch (e) {
     document.getElementById("server").textContent = "server unreachable";
