@@ -164,6 +164,10 @@ class LLMInstance(ModelInstance):
         request_id = f"{request.id or 'req'}-{next(_request_ids)}"
         timer = self.metrics.timer()
         try:
+            if call.params.response_format is not None:
+                # Compile (or validate) off the event loop and the engine thread; the engine's add then
+                # finds the grammar in xgrammar's cache.
+                await asyncio.to_thread(self.engine.engine.structured_outputs.compile, call.params.response_format)
             stream = self.engine.generate(request_id, call.prompt_ids, call.params)
             async with contextlib.aclosing(stream):
                 async for output in stream:

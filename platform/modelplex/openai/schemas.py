@@ -23,9 +23,11 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")  # json_schema etc. ride along; only `type` is checked
-    type: str
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format`; the backend compiles `json_schema.schema` (and names this field if it cannot)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class SamplingRequest(_Strict):
@@ -51,9 +53,6 @@ class SamplingRequest(_Strict):
 
     def sampling_parameters(self, max_tokens: int | None, logprobs: int | None) -> dict[str, Any]:
         """The backend's `sampling_parameters` JSON; max_tokens None means up to the context length."""
-        if self.response_format is not None and self.response_format.type != "text":
-            raise RequestError("response_format", f"response_format type '{self.response_format.type}' is not "
-                                                  "supported yet; only 'text'")
         if self.stream_options is not None and not self.stream:
             raise RequestError("stream_options", "stream_options is only allowed with stream: true")
         values = {"n": self.n, "max_tokens": max_tokens}
@@ -67,6 +66,8 @@ class SamplingRequest(_Strict):
             values["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         if logprobs is not None:
             values["logprobs"] = logprobs
+        if self.response_format is not None and self.response_format.type != "text":
+            values["response_format"] = self.response_format.model_dump(exclude_none=True)
         return values
 
     @property

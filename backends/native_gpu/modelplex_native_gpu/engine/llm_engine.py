@@ -19,6 +19,7 @@ from .outputs import RequestOutput
 from .request import EngineRequest, RequestStatus
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .structured_output import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.eos_token_id = arch.eos_token_id
         self.vocab_size = arch.vocab_size
+        self.structured_outputs = StructuredOutputs(tokenizer, arch.vocab_size, [arch.eos_token_id])
         self._completions: dict[str, _Completion] = {}  # engine request id -> completion
         self._children: dict[str, list[str]] = {}  # user request id -> engine request ids
         logger.info("engine ready in %.1fs: %s %s, %d KV blocks of %d tokens, max_model_len %d",
@@ -110,6 +112,9 @@ class LLMEngine:
                                       f"prompt exceed max_model_len {self.max_model_len}")
         if detokenize and self.tokenizer is None:
             detokenize = False
+        grammar = None
+        if params.response_format is not None:  # compiled before any state changes: a bad schema adds nothing
+            grammar = self.structured_outputs.compile(params.response_format)
         ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         self._children[request_id] = ids
         arrival = time.monotonic()
@@ -120,9 +125,11 @@ class LLMEngine:
                                           "seed": None if params.seed is None else params.seed + index})
             detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids, child.skip_special_tokens, child.stop)
                      if detokenize else None)
+            request = EngineRequest(rid, prompt_ids, child, self.eos_token_id, priority, cache_salt, arrival)
+            if grammar is not None:
+                request.grammar = StructuredOutputs.matcher(grammar)
             self._completions[rid] = _Completion(request_id, index, detok)
-            self.scheduler.add_request(EngineRequest(rid, prompt_ids, child, self.eos_token_id, priority,
-                                                     cache_salt, arrival))
+            self.scheduler.add_request(request)
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):

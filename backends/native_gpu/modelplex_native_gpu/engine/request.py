@@ -57,6 +57,7 @@ class EngineRequest:
         self.num_preemptions = 0
         self.logprobs: list[dict[int, float]] = []
         self.generator: Any = None  # the sampler's per-request RNG when a seed is given
+        self.grammar: Any = None  # an xgrammar GrammarMatcher when the output must follow a response_format
 
     @property
     def num_tokens(self) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .request import EngineRequest
+from .structured_output import accept_tokens, apply_grammar_masks
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Sampler:
         """logits [S, V] fp32 for `requests`, which sit at `indices` among the step's `num_requests`."""
         params = [r.sampling_params for r in requests]
         want_logprobs = any(p.logprobs is not None for p in params)
+        apply_grammar_masks(logits, requests)
         if all(p.is_greedy and not p.has_penalties for p in params) and not want_logprobs:
             tokens = logits.argmax(dim=-1).tolist()
         else:
@@ -43,6 +45,7 @@ class Sampler:
             if any(p.has_penalties for p in params):
                 logits = apply_penalties(logits, requests)
             tokens = self._sample_processed(logits, requests)
+        accept_tokens(requests, tokens)
         result = SamplerOutput.empty(num_requests)
         for row, (i, token) in enumerate(zip(indices, tokens)):
             result.token_ids[i] = token

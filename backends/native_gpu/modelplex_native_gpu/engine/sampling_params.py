@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import InvalidRequestError
+from .structured_output import check_response_format
 
 
 @dataclass
@@ -26,6 +27,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    response_format: dict | None = None  # OpenAI's {"type": "json_object" | "json_schema", ...}
 
     MAX_LOGPROBS = 20
 
@@ -52,6 +54,7 @@ class SamplingParams:
             raise InvalidRequestError("stop", "must be non-empty strings")
         if self.seed is not None and not isinstance(self.seed, int):
             raise InvalidRequestError("seed", f"must be an integer, got {self.seed!r}")
+        self.response_format = check_response_format(self.response_format)
 
     def _check_int(self, name: str, minimum: int):
         value = getattr(self, name)
