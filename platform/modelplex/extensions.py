@@ -1,7 +1,9 @@
 """Typed records that plugins return from the front-door hooks (`hookspecs.py`): flags they add to
-`modelplex serve` and TLS settings for the HTTP listener. Plugins declare; the host applies."""
+`modelplex serve`, TLS settings for the HTTP listener, subcommands of `modelplex`. Plugins declare;
+the host applies."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -44,3 +46,17 @@ class HttpTls:
     certfile: Path
     keyfile: Path
     client_ca: Path | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """`modelplex <name> ...` from a plugin: `add_arguments` declares its flags on its subparser, `run`
+    does the work with the parsed arguments and returns the exit status.
+
+    Example: ``Command("convert-openvino", "convert an LLM for OpenVINO GenAI", add_arguments, run)``
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]

@@ -112,3 +112,11 @@ def modelplex_grpc_credentials(settings):
 
     Example: ``return grpc.ssl_server_credentials([(key, cert)])``
     """
+
+
+@hookspec
+def modelplex_commands():
+    """Return a list of `modelplex.extensions.Command`: subcommands this plugin adds to `modelplex`.
+
+    Example: ``return [Command("convert-openvino", "convert an LLM for OpenVINO GenAI", add_arguments, run)]``
+    """

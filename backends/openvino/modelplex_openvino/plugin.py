@@ -1,17 +1,40 @@
-"""Declares the OpenVINO backend and its `GET /v2/devices` route. OpenVINO is imported only when used."""
+"""Declares the OpenVINO backend, its `GET /v2/devices` route and `modelplex convert-openvino`.
+OpenVINO is imported only when used.
+
+A version folder holding `openvino_model.xml` (what `convert-openvino` writes) is an LLM served by
+OpenVINO GenAI with the LLM tensor protocol (`modelplex.llm_protocol`); any other is a classic IR or
+ONNX model.
+"""
 from __future__ import annotations
+
+import argparse
+from pathlib import Path
 
 from fastapi import APIRouter
 from modelplex import BackendSpec, InstanceContext, ModelContext, ModelInstance, hookimpl
+from modelplex.extensions import Command
 
 
 def _create_instance(ictx: InstanceContext) -> ModelInstance:
+    from .llm_folder import is_llm_folder
+
+    if is_llm_folder(ictx.model.version_path):
+        from .llm_instance import OpenVINOLLMInstance
+
+        return OpenVINOLLMInstance(ictx)
     from .instance import OpenVINOInstance
 
     return OpenVINOInstance(ictx)
 
 
 def _auto_complete_config(ctx: ModelContext) -> None:
+    from .llm_folder import is_llm_folder
+
+    if is_llm_folder(ctx.version_path):
+        from modelplex.llm_protocol import declare_generate_tensors
+
+        declare_generate_tensors(ctx.config)
+        return
     from .autocomplete import auto_complete_config
 
     auto_complete_config(ctx)
@@ -32,12 +55,29 @@ def devices_router() -> APIRouter:
     return router
 
 
+def _convert_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=Path, help="a Llama-family model: a .gguf file or an HF folder")
+    parser.add_argument("output", type=Path, help="the folder to write (a model version folder, e.g. repo/m/1)")
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .llm_export import convert
+
+    if not args.source.exists():
+        print(f"convert-openvino: {args.source} does not exist")
+        return 2
+    convert(args.source, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
 @hookimpl
 def modelplex_backends():
     from .instance import MAX_CONCURRENCY
     from .signature import DEFAULT_MODEL_FILENAME
 
-    # No platform string: Triton has none for OpenVINO, only the backend name.
+    # No platform string: Triton has none for OpenVINO, only the backend name. An LLM instance says
+    # how many requests it takes (its own max_concurrency).
     return [BackendSpec(name="openvino", default_model_filename=DEFAULT_MODEL_FILENAME, create_instance=_create_instance,
                         auto_complete_config=_auto_complete_config, max_concurrency_per_instance=MAX_CONCURRENCY,
                         merges_batches=True)]
@@ -46,3 +86,9 @@ def modelplex_backends():
 @hookimpl
 def modelplex_http_routers(dataplane):
     return [devices_router()]
+
+
+@hookimpl
+def modelplex_commands():
+    return [Command("convert-openvino", "convert a GGUF or HF LLM into an OpenVINO GenAI model folder "
+                    "(IR, tokenizer and detokenizer), offline", _convert_arguments, _convert)]
