@@ -26,7 +26,8 @@ FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "repetition_penalty",
 INT_FIELDS = frozenset({"n", "max_tokens", "top_k", "seed", "logprobs"})
 BOOL_FIELDS = frozenset({"ignore_eos", "skip_special_tokens"})
 LIST_FIELDS = frozenset({"stop", "stop_token_ids"})
-SAMPLING_FIELDS = FLOAT_FIELDS | INT_FIELDS | BOOL_FIELDS | LIST_FIELDS
+OBJECT_FIELDS = frozenset({"response_format"})  # OpenAI's {"type": "json_object" | "json_schema", ...}
+SAMPLING_FIELDS = FLOAT_FIELDS | INT_FIELDS | BOOL_FIELDS | LIST_FIELDS | OBJECT_FIELDS
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 

@@ -1,8 +1,9 @@
 """The protocol's sampling fields (`modelplex.llm_protocol`) as an `openvino_genai.GenerationConfig`.
 
 Defaults are the native engine's (max_tokens 16, temperature 1). What OpenVINO GenAI cannot do is
-refused with the field named: `min_p`, and log-probabilities of alternatives (it reports only the
-chosen token's, so `logprobs` must be 0).
+refused with the field named: `min_p`, log-probabilities of alternatives (it reports only the
+chosen token's, so `logprobs` must be 0), and a `response_format` other than text (not wired to
+OpenVINO GenAI's structured output yet).
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def generation_config(sampling: dict, num_prompt_tokens: int, max_model_len: int
             config.top_k = values["top_k"]
         if "seed" in values:
             config.rng_seed = values["seed"]
+    if (values.get("response_format") or {}).get("type", "text") != "text":
+        raise SamplingError("response_format: the OpenVINO backend answers only with text so far")
     if values.get("min_p", 0.0) != 0.0:
         raise SamplingError("min_p: OpenVINO GenAI has no min-p sampling; leave it at 0")
     config.repetition_penalty = values.get("repetition_penalty", 1.0)
