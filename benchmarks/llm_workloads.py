@@ -85,3 +85,26 @@ def _busy_seconds() -> float:
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return "unknown"
+    name = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "unknown")
+    flags = next((x.split(":", 1)[1].split() for x in lines if x.startswith("flags")), [])
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({os.cpu_count()} cores; {', '.join(isa) or 'no AVX2'})"
+
+
+def wait_quiet(max_foreign_cores: float = 0.5, timeout_s: float = 120.0, window_s: float = 2.0) -> float:
+    """Wait (up to timeout_s) for a window in which other processes use < max_foreign_cores; returns the
+    last window's foreign load, so a run on a machine that never quietened is visible in the results."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with CpuLoad() as load:
+            time.sleep(window_s)
+        if load.foreign_cores < max_foreign_cores or time.monotonic() > deadline:
+            return load.foreign_cores

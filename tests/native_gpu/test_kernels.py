@@ -92,13 +92,43 @@ def test_decode_reference_equals_single_query_prefill():
 
 
 def test_decode_reference_groups_uneven_lengths_like_one_batch():
-    """More sequences than one gather group: grouping by length must not change the result."""
+    """Sequences of very different lengths split into several gather groups: the result must not change."""
     k_cache, v_cache = torch.randn(81, BLOCK_SIZE, 2, 32), torch.randn(81, BLOCK_SIZE, 2, 32)
     g = torch.Generator().manual_seed(5)
     context_lens = torch.randint(1, 64, (20,), generator=g).to(torch.int32)
     tables = (torch.randperm(80, generator=g) + 1).view(20, 4).to(torch.int32)
     query = torch.randn(20, 4, 32, generator=g)
-    got = reference.paged_decode_attention(query, k_cache, v_cache, tables, context_lens, 0.3)
-    want = torch.cat([reference._decode_group(query[i:i + 1], k_cache, v_cache, tables[i:i + 1],
-                                              context_lens[i:i + 1], 0.3) for i in range(20)])
+    plan = reference.plan_decode(tables, context_lens, BLOCK_SIZE)
+    assert len(plan) > 1 and plan[-1].end == 20, "unsorted uneven lengths should need several groups"
+    got = reference.paged_decode_attention(query, k_cache, v_cache, tables, context_lens, 0.3, plan)
+    want = torch.cat([reference.paged_decode_attention(query[i:i + 1], k_cache, v_cache, tables[i:i + 1],
+                                                       context_lens[i:i + 1], 0.3) for i in range(20)])
     torch.testing.assert_close(got, want, msg="grouped decode differs from per-sequence decode")
+
+
+def test_decode_plan_pads_sorted_lengths_little():
+    """Lengths sorted longest first group greedily while padding stays within 25 %; equal lengths need no mask."""
+    tables = torch.arange(1, 6 * 4 + 1, dtype=torch.int32).view(6, 4)
+    plan = reference.plan_decode(tables, torch.tensor([64, 60, 58, 20, 18, 18], dtype=torch.int32), BLOCK_SIZE)
+    assert [(g.start, g.end, g.kv_len) for g in plan] == [(0, 3, 64), (3, 6, 20)]
+    assert plan[0].block_tables.shape == (3, 4) and plan[1].block_tables.shape == (3, 2)
+    same = reference.plan_decode(tables[:2], torch.tensor([33, 33], dtype=torch.int32), BLOCK_SIZE)
+    assert len(same) == 1 and same[0].mask is None and same[0].kv_len == 33
+
+
+def test_prefill_reference_with_fresh_keys_equals_cache_reads():
+    """A chunk with no cached prefix may attend to its own K/V instead of gathering them from the cache."""
+    k_cache, v_cache = make_cache(2, 32, head_major=True)
+    context_lens = torch.tensor([20, 18, 5], dtype=torch.int32)
+    cu_seqlens_q = torch.tensor([0, 20, 23, 28], dtype=torch.int32)
+    tables = block_tables_for(context_lens.tolist())
+    query, key, value = torch.randn(28, 4, 32), torch.randn(28, 2, 32), torch.randn(28, 2, 32)
+    # sequences 0 and 2 are fresh prefills: their K/V go into the cache; sequence 1 reads its cached prefix
+    for s, rows in ((0, slice(0, 20)), (2, slice(23, 28))):
+        pos = torch.arange(rows.stop - rows.start)
+        slots = tables[s, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
+        reference.store_kvcache(key[rows], value[rows], k_cache, v_cache, slots)
+    want = reference.prefix_prefill_attention(query, k_cache, v_cache, tables, cu_seqlens_q, context_lens, 0.2)
+    got = reference.prefix_prefill_attention(query, k_cache, v_cache, tables, cu_seqlens_q, context_lens, 0.2,
+                                             key=key, value=value)
+    torch.testing.assert_close(got, want, msg="fresh-key prefill differs from the cache read")

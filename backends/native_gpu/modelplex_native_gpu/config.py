@@ -11,6 +11,8 @@ class EngineConfig:
     """Settings of one engine. `device`/`dtype` of None pick cuda+bf16 if available, else cpu+bf16.
 
     `dtype="float32"` is the token-exact mode (greedy output identical to HF transformers fp32).
+    `max_num_batched_tokens` of None means 2048 on CUDA and 256 on CPU, where a step's prefill tokens
+    stall every running decode for their compute time (256 fp32 tokens of a 135M model: ~0.3 s).
     `kv_cache_memory_bytes` of None means `gpu_memory_utilization` of free memory on CUDA
     and `DEFAULT_CPU_KV_BYTES` on CPU.
     """
@@ -20,20 +22,24 @@ class EngineConfig:
     dtype: str | None = None
     block_size: int = 16
     max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.8
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     num_threads: int | None = None
+    adaptive_threads: bool = True  # CPU: fewer threads while other processes keep the cores busy
     seed: int = 0
     skip_tokenizer_init: bool = False  # token ids in and out only (no text prompts, no text deltas)
 
     DEFAULT_CPU_KV_BYTES = 1 << 30
+    DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 256}
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
+            if name == "max_num_batched_tokens" and value is None:
+                continue
             if not isinstance(value, int) or value <= 0:
                 raise InvalidConfigError(name, f"must be a positive integer, got {value!r}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
@@ -44,3 +50,9 @@ class EngineConfig:
             raise InvalidConfigError("gpu_memory_utilization", "must be in (0, 1]")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise InvalidConfigError("max_model_len", "must be positive")
+
+    def token_budget(self, device: str) -> int:
+        """max_num_batched_tokens, or the device's default."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return self.DEFAULT_MAX_NUM_BATCHED_TOKENS["cuda" if device.startswith("cuda") else "cpu"]

@@ -20,6 +20,7 @@ from .request import EngineRequest, RequestStatus
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .structured_output import StructuredOutputs
+from .thread_governor import ThreadGovernor
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class LLMEngine:
         num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
         progress(f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens on {device}")
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
+        self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.token_budget(device),
                                    self.max_model_len)
         if tokenizer is None and not config.skip_tokenizer_init:
             tokenizer = load_tokenizer(config.model)
@@ -80,6 +81,8 @@ class LLMEngine:
         self.eos_token_id = arch.eos_token_id
         self.vocab_size = arch.vocab_size
         self.structured_outputs = StructuredOutputs(tokenizer, arch.vocab_size, [arch.eos_token_id])
+        self.thread_governor = (ThreadGovernor(torch.get_num_threads())
+                                if device == "cpu" and config.adaptive_threads else None)
         self._completions: dict[str, _Completion] = {}  # engine request id -> completion
         self._children: dict[str, list[str]] = {}  # user request id -> engine request ids
         logger.info("engine ready in %.1fs: %s %s, %d KV blocks of %d tokens, max_model_len %d",
@@ -165,6 +168,8 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        if self.thread_governor is not None:
+            self.thread_governor.update()
         sampled = self.runner.execute(out)
         for request, logprobs in zip(out.requests, sampled.logprobs):
             if logprobs is not None:

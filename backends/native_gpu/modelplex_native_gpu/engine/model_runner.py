@@ -42,6 +42,7 @@ class ModelRunner:
             from ..kernels import triton_attention as kernels
         else:
             from ..kernels import reference as kernels
+        self.kernels = kernels
         self.model = LlamaForCausalLM(loaded.config, kernels, max_position=cfg.max_model_len)
         unused = self.model.load_weights(loaded.weights)
         if unused:
@@ -99,38 +100,46 @@ class ModelRunner:
                                    len(out.requests))
 
     def _prepare(self, out: SchedulerOutput):
+        """Flatten the step: one-token rows (decodes) first, longest context first so the CPU decode path
+        gathers sequences of similar length together; then the prefill chunks in scheduling order."""
         bs, dev = self.block_size, self.device
+        scheduled = list(zip(out.requests, out.num_scheduled_tokens))
+        decodes = sorted((i for i, (_, n) in enumerate(scheduled) if n == 1),
+                         key=lambda i: -scheduled[i][0].num_computed_tokens)
+        order = decodes + [i for i, (_, n) in enumerate(scheduled) if n != 1]
         input_ids, starts, lens, sample_rows, sample_indices = [], [], [], [], []
-        num_decodes = 0
-        for request, n in zip(out.requests, out.num_scheduled_tokens):
+        for i in order:
+            request, n = scheduled[i]
             start = request.num_computed_tokens
-            if n == 1 and num_decodes == len(starts):
-                num_decodes += 1
             input_ids.extend(request.all_token_ids[start:start + n])
             starts.append(start)
             lens.append(n)
             if start + n == request.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
-                sample_indices.append(len(starts) - 1)
-        max_blocks = max(len(t) for t in out.block_tables)
-        tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in out.block_tables], dtype=torch.int32)
-        lens_t = torch.tensor(lens)
+                sample_indices.append(i)
+        block_tables = [out.block_tables[i] for i in order]
+        max_blocks = max(len(t) for t in block_tables)
+        tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in block_tables], dtype=torch.int32)
+        lens_t, starts_t = torch.tensor(lens), torch.tensor(starts)
         req_index = torch.repeat_interleave(torch.arange(len(lens)), lens_t)
         cu = torch.zeros(len(lens) + 1, dtype=torch.int64)
         torch.cumsum(lens_t, 0, out=cu[1:])
-        positions = torch.arange(len(input_ids)) - cu[req_index] + torch.tensor(starts)[req_index]
+        positions = torch.arange(len(input_ids)) - cu[req_index] + starts_t[req_index]
         slot_mapping = tables[req_index, positions // bs].long() * bs + positions % bs
-        context_lens = (torch.tensor(starts) + lens_t).to(torch.int32)
-        nd = num_decodes
-        # Decode attention gathers max_decode_blocks blocks per sequence: trim the padding prefills add.
-        max_decode_blocks = -(-int(context_lens[:nd].max()) // bs) if nd else 0
+        context_lens = (starts_t + lens_t).to(torch.int32)
+        nd = len(decodes)
+        decode_tables = decode_lens = plan = None
+        if nd:
+            # Decode attention reads max_decode_blocks blocks per sequence: trim the padding prefills add.
+            max_decode_blocks = -(-(starts[0] + 1) // bs)
+            decode_tables, decode_lens = tables[:nd, :max_decode_blocks].to(dev), context_lens[:nd].to(dev)
+            plan = self.kernels.plan_decode(decode_tables, decode_lens, bs)
         meta = AttentionMetadata(
             slot_mapping=slot_mapping.to(dev), num_decode_tokens=nd,
-            decode_block_tables=tables[:nd, :max_decode_blocks].to(dev) if nd else None,
-            decode_context_lens=context_lens[:nd].to(dev) if nd else None,
+            decode_block_tables=decode_tables, decode_context_lens=decode_lens,
             prefill_block_tables=tables[nd:].to(dev),
             prefill_cu_seqlens_q=(cu[nd:] - cu[nd]).to(torch.int32).to(dev),
             prefill_context_lens=context_lens[nd:].to(dev),
-            max_prefill_query_len=max(lens[nd:], default=0))
+            max_prefill_query_len=max(lens[nd:], default=0), decode_plan=plan)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         return ids, positions.to(dev), meta, torch.tensor(sample_rows, device=dev), sample_indices

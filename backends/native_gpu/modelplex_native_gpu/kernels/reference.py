@@ -7,6 +7,8 @@ Block tables are padded with block 0 (the null block); padded positions are mask
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -17,8 +19,13 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     if bool((slot_mapping < 0).any()):
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    k_cache.flatten(0, 1).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.flatten(0, 1).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    for src, cache in ((key, k_cache), (value, v_cache)):
+        head_major = cache.permute(2, 0, 1, 3)
+        if head_major.is_contiguous():  # write rows of a contiguous [Hkv, slots, D]: no strided scatter
+            head_major.view(head_major.shape[0], -1, head_major.shape[3]).index_copy_(
+                1, slot_mapping, src.transpose(0, 1).to(cache.dtype))
+        else:
+            cache.flatten(0, 1).index_copy_(0, slot_mapping, src.to(cache.dtype))
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
@@ -29,62 +36,93 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     return rows.view(num_kv_heads, block_table.shape[0], -1, head_dim).transpose(0, 1)
 
 
-_DECODE_GROUP = 16  # sequences per gather: bounds padding to the longest context of a group
+@dataclass
+class DecodeGroup:
+    """Sequences start:end of a decode batch, attended with one gather padded to kv_len tokens."""
+
+    start: int
+    end: int
+    block_tables: torch.Tensor  # [end - start, ceil(kv_len / block_size)]
+    kv_len: int
+    mask: torch.Tensor | None  # [end - start, 1, 1, kv_len]; None when every sequence has kv_len tokens
+
+
+_MAX_PADDING = 0.25  # a group grows while its padded tokens stay within this share of its real tokens
+
+
+def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> list[DecodeGroup]:
+    """Cut a decode batch into runs of similar length (built once per step, shared by all layers).
+
+    Runs are contiguous, so a batch sorted by length (as the CPU runner orders it) pads little.
+    """
+    lens = context_lens.tolist()
+    groups, start = [], 0
+    while start < len(lens):
+        end, longest, total = start + 1, lens[start], lens[start]
+        while end < len(lens):
+            new_longest = max(longest, lens[end])
+            if new_longest * (end + 1 - start) > (1 + _MAX_PADDING) * (total + lens[end]):
+                break
+            longest, total, end = new_longest, total + lens[end], end + 1
+        mask = None
+        if any(n != longest for n in lens[start:end]):
+            positions = torch.arange(longest, device=context_lens.device)
+            mask = (positions[None, :] < context_lens[start:end, None])[:, None, None, :]
+        groups.append(DecodeGroup(start, end, block_tables[start:end, :-(-longest // block_size)], longest, mask))
+        start = end
+    return groups
 
 
 def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           plan: list[DecodeGroup] | None = None) -> torch.Tensor:
     """One query token per sequence. query [B, H, D]; block_tables [B, max_blocks]; context_lens [B].
 
-    Returns [B, H, D]. Query head h reads KV head h // (H // Hkv), as in HF's repeat_kv.
-    Sequences are taken in groups of similar length so short ones do not gather the longest's blocks.
+    Returns [B, H, D]. Query head h reads KV head h // (H // Hkv), as in HF's repeat_kv: the query heads
+    sharing a KV head are the "query length" of one SDPA call, so K/V are never repeated.
+    `plan` (from plan_decode) is reused across layers; it is built here when absent.
     """
-    batch = query.shape[0]
-    if batch <= _DECODE_GROUP:
-        return _decode_group(query, k_cache, v_cache, block_tables, context_lens, scale)
-    out = torch.empty_like(query)
-    order = torch.argsort(context_lens)
-    block_size = k_cache.shape[1]
-    for start in range(0, batch, _DECODE_GROUP):
-        idx = order[start:start + _DECODE_GROUP]
-        lens = context_lens[idx]
-        num_blocks = (int(lens.max()) + block_size - 1) // block_size
-        out[idx] = _decode_group(query[idx], k_cache, v_cache, block_tables[idx, :num_blocks], lens, scale)
-    return out
-
-
-def _decode_group(query, k_cache, v_cache, block_tables, context_lens, scale):
+    if plan is None:
+        plan = plan_decode(block_tables, context_lens, k_cache.shape[1])
     batch, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
-    keys = _gather(k_cache, block_tables)  # [B, Hkv, N, D]
-    values = _gather(v_cache, block_tables)
-    positions = torch.arange(keys.shape[2], device=query.device)
-    mask = (positions[None, :] < context_lens[:, None])[:, None, None, :]  # [B, 1, 1, N]
     q = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale)
+    outs = []
+    for g in plan:
+        keys = _gather(k_cache, g.block_tables)[:, :, :g.kv_len]  # [b, Hkv, N, D]
+        values = _gather(v_cache, g.block_tables)[:, :, :g.kv_len]
+        outs.append(F.scaled_dot_product_attention(q[g.start:g.end], keys.to(q.dtype), values.to(q.dtype),
+                                                   attn_mask=g.mask, scale=scale))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
     return out.reshape(batch, num_heads, head_dim)
 
 
 def prefix_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
-                             scale: float, max_query_len: int | None = None) -> torch.Tensor:
+                             scale: float, max_query_len: int | None = None, key: torch.Tensor | None = None,
+                             value: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention for query chunks whose K/V (cached prefix + the chunk) are already in the cache.
 
     query [T, H, D] holds sequence s at rows cu_seqlens_q[s]:cu_seqlens_q[s+1]; context_lens[s] is the
     sequence's KV length including the chunk, so its query j sits at position context_lens[s] - q_len + j.
-    `max_query_len` only sizes the Triton launch grid (saves a device sync); unused here.
+    `key`/`value` [T, Hkv, D], when given, are the chunks' own K/V: a chunk with no cached prefix attends
+    to them directly instead of gathering its blocks back. `max_query_len` only sizes the Triton launch
+    grid (saves a device sync); unused here.
     """
-    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_heads = query.shape[1]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     out = torch.empty_like(query)
     starts, lens = cu_seqlens_q.tolist(), context_lens.tolist()
     for s, ctx_len in enumerate(lens):
         q_start, q_end = starts[s], starts[s + 1]
         q_len = q_end - q_start
-        table = block_tables[s, :(ctx_len + block_size - 1) // block_size]
-        keys = _gather(k_cache, table[None])[0, :, :ctx_len].to(query.dtype)  # [Hkv, N, D]
-        values = _gather(v_cache, table[None])[0, :, :ctx_len].to(query.dtype)
         q = query[q_start:q_end].transpose(0, 1)  # [H, q_len, D]
+        if q_len == ctx_len and key is not None:
+            keys, values = key[q_start:q_end].transpose(0, 1), value[q_start:q_end].transpose(0, 1)
+        else:
+            table = block_tables[s, :(ctx_len + block_size - 1) // block_size]
+            keys = _gather(k_cache, table[None])[0, :, :ctx_len].to(query.dtype)  # [Hkv, N, D]
+            values = _gather(v_cache, table[None])[0, :, :ctx_len].to(query.dtype)
         if q_len == ctx_len:
             mask, is_causal = None, True
         else:

@@ -80,7 +80,12 @@ def _paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
              mask=mask_d)
 
 
-def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale):
+def plan_decode(block_tables, context_lens, block_size):
+    """The kernel needs no per-step plan (the torch path groups sequences by length)."""
+    return None
+
+
+def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, plan=None):
     batch, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty_like(query)
@@ -144,7 +149,8 @@ def _prefix_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu
 
 
 def prefix_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                             max_query_len: int | None = None):
+                             max_query_len: int | None = None, key=None, value=None):
+    """`key`/`value` (the chunks' own K/V) are unused: the kernel reads everything from the cache."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     if max_query_len is None:  # pass it to avoid a device sync

@@ -24,6 +24,7 @@ class AttentionMetadata:
     prefill_cu_seqlens_q: torch.Tensor | None  # [num_prefills + 1], relative to the first prefill token
     prefill_context_lens: torch.Tensor | None  # [num_prefills]
     max_prefill_query_len: int
+    decode_plan: object = None  # kernels.plan_decode(...) for the decode rows, shared by all layers
 
 
 class PagedAttention(nn.Module):
@@ -43,12 +44,12 @@ class PagedAttention(nn.Module):
         nd = meta.num_decode_tokens
         if nd == q.shape[0]:
             return ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
-                                              meta.decode_context_lens, self.scale)
+                                              meta.decode_context_lens, self.scale, meta.decode_plan)
         prefill = ops.prefix_prefill_attention(q[nd:], self.k_cache, self.v_cache, meta.prefill_block_tables,
                                                meta.prefill_cu_seqlens_q, meta.prefill_context_lens, self.scale,
-                                               meta.max_prefill_query_len)
+                                               meta.max_prefill_query_len, k[nd:], v[nd:])
         if nd == 0:
             return prefill
         decode = ops.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
-                                            meta.decode_context_lens, self.scale)
+                                            meta.decode_context_lens, self.scale, meta.decode_plan)
         return torch.cat((decode, prefill))

@@ -1,8 +1,9 @@
 """Linear layer whose weight can be pre-packed for oneDNN on CPU.
 
-Plain bf16 F.linear on CPU reorders the weight on every call; packing it once (as torch inductor's
-freezing pass does) makes small-batch decode matmuls several times faster. fp32 stays plain
-F.linear so the fp32 mode keeps HF's exact numerics.
+Plain bf16 F.linear on CPU reorders the weight on every call, and fp32 F.linear goes to MKL, whose
+sgemm on AMD CPUs runs ~10x below oneDNN's AVX2 kernels at decode shapes. Packing the weight once
+for oneDNN (as torch inductor's freezing pass does) fixes both; fp32 greedy output stays
+token-identical to HF on the parity prompts (tests/native_gpu/test_hf_parity.py).
 """
 from __future__ import annotations
 
@@ -24,10 +25,14 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def pack(self, batch_size_hint: int):
-        """Replace the weight by oneDNN's blocked layout (bf16 on CPU only)."""
+        """Keep a copy of the weight in oneDNN's blocked layout for CPU matmuls."""
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch_size_hint)
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """oneDNN packs fp32 anywhere (AVX2 included) and bf16 where the CPU has AVX-512 (its bf16 kernels)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return dtype == torch.float32

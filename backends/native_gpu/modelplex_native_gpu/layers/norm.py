@@ -14,5 +14,5 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        x = x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()  # HF's ops, fewer temporaries
         return self.weight * x.to(dtype)
