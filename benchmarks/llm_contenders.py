@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -65,8 +64,9 @@ class PeerProcess:
     """A runner from benchmarks/llm_peers/ started once in the peer's venv; each run() times one workload."""
 
     def __init__(self, name: str, precision: str, python: str, script: str, model: str, items, threads: int,
-                 extra_args=(), env=None, start_timeout=1800):
+                 extra_args=(), env=None, start_timeout=1800, run_timeout=3600):
         self.name, self.precision = name, precision
+        self.run_timeout = run_timeout
         self.info: dict = {}
         self.error: str | None = None
         self._workload = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
@@ -118,9 +118,10 @@ class PeerProcess:
         assert len(items) == self._items_len, "a runner serves the workload it was started with"
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        line = self._read_line(7200)
+        line = self._read_line(self.run_timeout)
         if line is None:
-            self.error = f"failed during a run: {self._tail()}"
+            self.error = f"failed or took over {self.run_timeout:.0f} s in a run: {self._tail()}"
+            self.proc.kill()
             return {"error": self.error}
         return json.loads(line)
 
@@ -137,16 +138,16 @@ class PeerProcess:
 
 def make_peers(items, args, wanted: set[str]) -> list[PeerProcess]:
     """The peers in /work/shared/bench/peers/README.md, from the venvs under args.peers_dir."""
-    d, threads = args.peers_dir, args.threads
+    d, threads, timeout = args.peers_dir, args.threads, args.peer_run_timeout
     hf_dir = os.path.join(d, "smollm2-hf")
     specs = {
         "vllm": lambda: PeerProcess("vLLM CPU (in-process)", "float32", f"{d}/venv-vllm/bin/python", "vllm_cpu.py",
                                     hf_dir, items, threads,
-                                    env={"LD_PRELOAD": f"{d}/venv-vllm/lib/libiomp5.so"}),
+                                    env={"LD_PRELOAD": f"{d}/venv-vllm/lib/libiomp5.so"}, run_timeout=timeout),
         "llamacpp": lambda: PeerProcess("llama.cpp (F32 GGUF)", "float32", f"{d}/venv-llamacpp/bin/python",
                                         "llamacpp.py", f"{d}/models/smollm2-135m-f32.gguf", items, threads,
-                                        env={"LLAMA_CPP_LIB_PATH": f"{d}/llama-server-build/bin"}),
-        "ort": lambda: PeerProcess("onnxruntime-genai (static batches of 32)", "float32", sys.executable,
-                                   "ort_genai.py", f"{d}/smollm2-ort-fp32", items, threads),
+                                        env={"LLAMA_CPP_LIB_PATH": f"{d}/llama-server-build/bin"}, run_timeout=timeout),
+        "ort": lambda: PeerProcess("onnxruntime-genai (static batches of 32)", "float32", f"{d}/venv-ort/bin/python",
+                                   "ort_genai.py", f"{d}/smollm2-ort-fp32", items, threads, run_timeout=timeout),
     }
     return [specs[name]() for name in specs if name in wanted]

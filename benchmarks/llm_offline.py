@@ -147,6 +147,8 @@ def parse_args():
     p.add_argument("--kv-gib", type=float, default=1.0, help="our KV-cache budget")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's (256 on CPU)")
+    p.add_argument("--single-requests", type=int, default=4, help="single-stream requests per run")
+    p.add_argument("--peer-run-timeout", type=float, default=3600.0, help="seconds before a peer's run counts as failed")
     p.add_argument("--quiet-s", type=float, default=20.0,
                    help="before each timed run, wait up to this long for other processes to use < 0.5 cores")
     p.add_argument("--skip", default="", help="comma list of: single,peer,variable,subset")
@@ -154,6 +156,7 @@ def parse_args():
     args = p.parse_args()
     if args.quick:
         args.num_requests, args.subset, args.peer_prompts, args.peer_gen_tokens, args.runs = 24, 8, 16, 32, 1
+        args.single_requests = 2
     args.model = args.model or default_model()
     return args
 
@@ -182,7 +185,7 @@ def main():
                "cpu": W.cpu_model()}
     peer_items = W.peer_workload(args.peer_prompts, 128, args.peer_gen_tokens)
     if "single" not in skip:
-        single = run_single_stream(engine, peer_items, args.runs, 2 if args.quick else 4, args.quiet_s)
+        single = run_single_stream(engine, peer_items, args.runs, args.single_requests, args.quiet_s)
         results["bandwidth_gb_s_after_single"] = W.measure_bandwidth() / 1e9
         bandwidth = max(results["bandwidth_gb_s"], results["bandwidth_gb_s_after_single"])
         single["bandwidth_bound_tok_s"] = bandwidth * 1e9 / results["weight_bytes"]
