@@ -273,8 +273,10 @@ class ModelManager:
     async def _rebuild(self, entry: ModelEntry, why: str) -> None:
         async with entry.lock:
             old = dict(entry.versions)
-            new = {v: ModelVersion(mv.ctx, mv.spec, mv.stats, mv.fingerprint) for v, mv in old.items()}
-            results = await asyncio.gather(*(mv.load(self.settings.model_load_timeout_secs or None) for mv in new.values()), return_exceptions=True)
+            new = {v: ModelVersion(mv.ctx, mv.spec, mv.stats, mv.fingerprint, self._adapter_sources(mv.ctx))
+                   for v, mv in old.items()}
+            timeout = self.settings.model_load_timeout_secs or None
+            results = await asyncio.gather(*(mv.load(timeout) for mv in new.values()), return_exceptions=True)
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 for mv in new.values():
