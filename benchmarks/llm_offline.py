@@ -233,33 +233,38 @@ def _race_table(rows: list[dict], baseline_name: str) -> list[str]:
     return lines
 
 
+def _metric_table(title: str, rows: list[tuple[str, str]]) -> list[str]:
+    return [f"## {title}", "", "| metric | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows), ""]
+
+
 def render(r: dict) -> str:
     out = [f"CPU: {r['cpu']}; {r['threads']} threads; our precision {r['dtype']}; load average at start "
            f"{', '.join(f'{x:.1f}' for x in r['load_avg_start'])}, at end "
            f"{', '.join(f'{x:.1f}' for x in r['load_avg_end'])}.", ""]
     if "single_stream" in r:
         s = r["single_stream"]
-        out += ["## Single stream (ours)", "", "| metric | value |", "| --- | --- |",
-                f"| weights read per decode step | {r['weight_bytes'] / 1e6:.0f} MB |",
-                f"| copy bandwidth (same run, best) | {max(r['bandwidth_gb_s'], r.get('bandwidth_gb_s_after_single', 0)):.1f} GB/s |",
-                f"| bandwidth bound | {s['bandwidth_bound_tok_s']:.1f} tok/s |",
-                f"| decode tok/s best / median | {s['decode_tok_s']['max']:.1f} / {s['decode_tok_s']['median']:.1f} |",
-                f"| share of the bound (best) | {100 * s['share_of_bound']:.0f} % |",
-                f"| TTFT (128-token prompt) best / median | {s['ttft_ms']['min']:.0f} / {s['ttft_ms']['median']:.0f} ms |",
-                f"| foreign cores median | {s['foreign_cores']['median']:.2f} |", ""]
+        bandwidth = max(r["bandwidth_gb_s"], r.get("bandwidth_gb_s_after_single", 0))
+        out += _metric_table("Single stream (ours)", [
+            ("weights read per decode step", f"{r['weight_bytes'] / 1e6:.0f} MB"),
+            ("copy bandwidth (same run, best)", f"{bandwidth:.1f} GB/s"),
+            ("bandwidth bound", f"{s['bandwidth_bound_tok_s']:.1f} tok/s"),
+            ("decode tok/s best / median", f"{s['decode_tok_s']['max']:.1f} / {s['decode_tok_s']['median']:.1f}"),
+            ("share of the bound (best)", f"{100 * s['share_of_bound']:.0f} %"),
+            ("TTFT (128-token prompt) best / median", f"{s['ttft_ms']['min']:.0f} / {s['ttft_ms']['median']:.0f} ms"),
+            ("foreign cores median", f"{s['foreign_cores']['median']:.2f}")])
     if "peer_batch" in r:
         out += ["## Fixed peer workload: 64 prompts x 128 tokens, 128 greedy new tokens (EOS ignored)", ""]
         out += _race_table(r["peer_batch"], "HF") + [""]
     if "engine_variable" in r:
         v = r["engine_variable"]
-        out += [f"## Variable workload, all {v['requests']} requests (ours)", "", "| metric | value |", "| --- | --- |",
-                f"| generated tok/s | {v['tok_s']:.1f} ({v['generated_tokens']} tokens in {v['wall_s']:.0f} s) |",
-                f"| CPU ms per generated token | {v['cpu_ms_per_token']:.1f} |",
-                f"| TTFT p50 / p99 | {v['ttft_ms_p50']:.0f} / {v['ttft_ms_p99']:.0f} ms |",
-                f"| ITL p50 / p99 | {v['itl_ms_p50']:.1f} / {v['itl_ms_p99']:.1f} ms |",
-                f"| KV-cache waste (allocated - used slots) | {100 * v['kv_waste_share']:.2f} % |",
-                f"| prefix-cache hit rate | {100 * v['prefix_cache_hit_rate']:.1f} % |",
-                f"| preemptions, foreign cores | {v['preemptions']}, {v['foreign_cores']:.2f} |", ""]
+        out += _metric_table(f"Variable workload, all {v['requests']} requests (ours)", [
+            ("generated tok/s", f"{v['tok_s']:.1f} ({v['generated_tokens']} tokens in {v['wall_s']:.0f} s)"),
+            ("CPU ms per generated token", f"{v['cpu_ms_per_token']:.1f}"),
+            ("TTFT p50 / p99", f"{v['ttft_ms_p50']:.0f} / {v['ttft_ms_p99']:.0f} ms"),
+            ("ITL p50 / p99", f"{v['itl_ms_p50']:.1f} / {v['itl_ms_p99']:.1f} ms"),
+            ("KV-cache waste (allocated - used slots)", f"{100 * v['kv_waste_share']:.2f} %"),
+            ("prefix-cache hit rate", f"{100 * v['prefix_cache_hit_rate']:.1f} %"),
+            ("preemptions, foreign cores", f"{v['preemptions']}, {v['foreign_cores']:.2f}")])
     if "variable_subset" in r:
         out += ["## Variable workload, first requests (the same subset for every engine)", ""]
         out += _race_table(r["variable_subset"], "HF") + [""]
