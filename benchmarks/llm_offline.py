@@ -50,9 +50,11 @@ def run_engine(engine, items, detokenize=True) -> dict:
     kv = engine.kv_cache_manager
     kv.num_prefix_hits = kv.num_prefix_queries = 0
     t0, cpu0 = time.perf_counter(), time.process_time()
+    salt = f"run-{time.monotonic_ns()}"  # prefix hits within this run only, never on an earlier run's blocks
     for i, item in enumerate(items):
         engine.add_request(f"r{i}", item.prompt_ids, SamplingParams(temperature=0, max_tokens=item.max_tokens,
-                                                                    ignore_eos=True), detokenize=detokenize)
+                                                                    ignore_eos=True), cache_salt=salt,
+                           detokenize=detokenize)
     first, last, itls, generated = {}, {}, [], 0
     allocated_slots = wasted_slots = 0
     with W.CpuLoad() as load:
