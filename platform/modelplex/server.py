@@ -19,6 +19,7 @@ from .admin_address import AdminSplitInterceptor, AdminSplitMiddleware
 from .dataplane import DataPlane
 from .extensions import HttpTls
 from .manager import ModelManager
+from .llm_metrics import LLMMetricsCollector
 from .metrics import CallbackCounter, MetricsServer, register_plugin_collectors
 from .plugins import collect_backends, create_plugin_manager
 from .settings import ServerConfig
@@ -56,6 +57,7 @@ class Server:
         self.registry = CollectorRegistry()  # this instance's own; never the global one
         self.dataplane = DataPlane(settings, self.manager)
         self.manager.dataplane = self.dataplane  # ensembles call their steps through it
+        self.registry.register(LLMMetricsCollector(self.dataplane))  # every LLM backend's vllm:* family
         register_plugin_collectors(self.pm, self.dataplane, self.registry)
         self.registry.register(CallbackCounter(
             "modelplex_trace_spans_dropped", "Spans dropped because the trace export could not keep up",

@@ -193,7 +193,19 @@ def test_bad_folders_fail_to_load_with_the_reason(server, client, model):
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0).choices[0].text
 
 
-def test_models_list_and_host_statistics_count_it(server, client):
+def test_models_list_statistics_and_the_llm_metric_family_count_it(server, client):
+    from prometheus_client.parser import text_string_to_metric_families
+
     assert MODEL in [m.id for m in client.models.list()]
+    client.completions.create(model=MODEL, prompt="Count to ten:", max_tokens=4, temperature=0,
+                              extra_body={"ignore_eos": True})
     stats = httpx.get(f"http://{server.http_url}/v2/models/{MODEL}/stats").json()["model_stats"][0]
-    assert int(stats["inference_stats"]["success"]["count"]) >= len(PROMPTS)
+    assert int(stats["inference_stats"]["success"]["count"]) >= 1
+    samples = {(s.name, s.labels.get("model"), s.labels.get("finished_reason")): s.value
+               for family in text_string_to_metric_families(httpx.get(server.metrics_url).text)
+               for s in family.samples}
+    assert samples[("vllm:generation_tokens_total", MODEL, None)] >= 4
+    assert samples[("vllm:request_success_total", MODEL, "length")] >= 1
+    assert samples[("vllm:time_to_first_token_seconds_count", MODEL, None)] >= 1
+    assert samples[("vllm:num_requests_running", MODEL, None)] == 0
+    assert 0 <= samples[("vllm:kv_cache_usage_perc", MODEL, None)] <= 1

@@ -5,7 +5,7 @@ Engine settings come from config.pbtxt `parameters` (EngineConfig field names, p
 `max_queue_size`). Tensors follow Triton's vLLM backend, extended (see protocol.py): `text_input`
 or `messages`, optional `sampling_parameters` in; `text_output` out. Decoupled models stream
 text deltas; others return the whole text. Instances report their occupancy (`engine_stats`:
-running and waiting requests, free KV blocks) and the `vllm:*` metric family (llm_metrics.py).
+running and waiting requests, free KV blocks) and the host's `vllm:*` metric family (`llm_metrics`).
 """
 from __future__ import annotations
 
@@ -31,11 +31,3 @@ def modelplex_backends():
     return [BackendSpec(name="native_gpu", aliases=("vllm",), default_model_filename="model.gguf",
                         create_instance=_create_instance, auto_complete_config=_auto_complete_config,
                         max_concurrency_per_instance=MAX_CONCURRENCY)]
-
-
-@hookimpl
-def modelplex_metric_collectors(dataplane):
-    from .llm_metrics import LLMMetricsCollector
-    from .serving import LLMInstance
-
-    return [LLMMetricsCollector(dataplane, LLMInstance)]

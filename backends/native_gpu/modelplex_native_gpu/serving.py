@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 
 from modelplex import (LORA_MODULES_PARAMETER, InferRequest, InferResponse, InstanceContext, InvalidInput,
                        ModelContext, ModelInstance, Unavailable)
+from modelplex.llm_metrics import LLMMetrics
 
 from .config import EngineConfig
 from .engine.outputs import RequestOutput
 from .errors import EngineError
-from .llm_metrics import LLMMetrics
 from .protocol import GenerateCall, make_response, parse_request
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class LLMInstance(ModelInstance):
         except EngineError as exc:
             raise InvalidInput(f"model '{ictx.model.name}': {exc}") from None
         self.model = (ictx.model.name, str(ictx.model.version))
-        self.metrics = LLMMetrics()
+        self.llm_metrics = LLMMetrics()
         # More host slots than the engine runs plus queues: the bound that refuses is ours, never
         # an unbounded wait for a host slot (the headroom covers refusals and streams closing).
         self.max_concurrency = config.max_num_seqs + self.max_queue_size + SLOT_HEADROOM
@@ -162,7 +162,7 @@ class LLMInstance(ModelInstance):
             raise Unavailable(f"model '{self.model[0]}': {self.max_queue_size} requests already wait; try again "
                               f"later", retry_after=RETRY_AFTER_SECONDS)
         request_id = f"{request.id or 'req'}-{next(_request_ids)}"
-        timer = self.metrics.timer()
+        timer = self.llm_metrics.timer()
         try:
             if call.params.response_format is not None:
                 # Compile (or validate) off the event loop and the engine thread; the engine's add then
@@ -171,7 +171,8 @@ class LLMInstance(ModelInstance):
             stream = self.engine.generate(request_id, call.prompt_ids, call.params)
             async with contextlib.aclosing(stream):
                 async for output in stream:
-                    timer.on_output(output)
+                    timer.on_tokens(output.index, len(output.new_token_ids), output.finished, output.finish_reason,
+                                    output.num_prompt_tokens)
                     yield output
         except EngineError as exc:  # raised on the first step of the stream, before any output
             raise InvalidInput(str(exc)) from None
@@ -180,15 +181,10 @@ class LLMInstance(ModelInstance):
         """Scheduler and KV-cache occupancy (the engine_stats route, the LLM metrics, tests)."""
         engine = self.engine.engine
         kv = engine.kv_cache_manager
-        latencies = {"ttft_seconds_sum": 0.0, "ttft_count": 0, "itl_seconds_sum": 0.0, "itl_count": 0}
-        for series in self.metrics.snapshot().values():  # all adapters: the status page's means
-            latencies["ttft_seconds_sum"] += series.ttft.sum
-            latencies["ttft_count"] += sum(series.ttft.counts)
-            latencies["itl_seconds_sum"] += series.itl.sum
-            latencies["itl_count"] += sum(series.itl.counts)
         return {**engine.stats(), "num_running": len(engine.scheduler.running),
                 "num_waiting": self.engine.num_waiting, "max_queue_size": self.max_queue_size,
-                "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits, **latencies}
+                "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits,
+                **self.llm_metrics.latency_sums()}
 
     async def close(self) -> None:
         self.engine.shutdown()

@@ -201,8 +201,9 @@ class Engine:
         finish = FINISH_REASONS.get(output.finish_reason.name)
         if finish:
             text += request.streams[sequence_id].push([], final=True)
-        delta = {"index": index, "text": text, "logprobs": None, "finish_reason": finish,
-                 "num_input_tokens": len(request.prompt_ids), "num_output_tokens": request.num_generated[sequence_id],
+        delta = {"index": index, "text": text, "num_new_tokens": len(new_ids), "logprobs": None,
+                 "finish_reason": finish, "num_input_tokens": len(request.prompt_ids),
+                 "num_output_tokens": request.num_generated[sequence_id],
                  "num_sequences": request.config.num_return_sequences}
         if request.wants_logprobs:
             delta["logprobs"] = list(output.generated_log_probs)

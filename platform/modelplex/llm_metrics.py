@@ -1,8 +1,11 @@
-"""The LLM metric family (vLLM's `vllm:*` names, Triton's `model`/`version` labels), per model version.
+"""The LLM metric family (vLLM's `vllm:*` names, Triton's `model`/`version` labels), per model
+version, for every LLM backend.
 
-The request path only adds to plain numbers in an `LLMMetrics` (one per instance, under a lock);
-`LLMMetricsCollector` merges the instances of a version at scrape time and reads the engine gauges
-(running, waiting, KV-cache use) then. Series are kept per adapter (`""`: the base model) so
+An LLM instance keeps an `LLMMetrics` in its attribute `llm_metrics`; its request path only adds to
+plain numbers there (under a lock). `LLMMetricsCollector` merges the instances of a version at scrape
+time and reads the engine gauges from `ModelInstance.engine_stats()` then: `num_running`,
+`num_waiting`, and either `kv_cache_usage` (0-1) or `num_blocks` / `num_free_blocks`; the prefix-cache
+and preemption counters where the engine counts them (0 otherwise). Series are kept per adapter (`""`: the base model) so
 per-adapter series only need a label where `_labels` builds them.
 """
 from __future__ import annotations
@@ -14,8 +17,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
-from .engine.outputs import RequestOutput
 
 # vLLM's buckets, so dashboards built for vLLM read ours unchanged.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -88,6 +89,16 @@ class LLMMetrics:
                 series = self._series[adapter] = Series()
             update(series)
 
+    def latency_sums(self) -> dict:
+        """TTFT and ITL sums and counts over all adapters (the status page's means, from engine_stats)."""
+        sums = {"ttft_seconds_sum": 0.0, "ttft_count": 0, "itl_seconds_sum": 0.0, "itl_count": 0}
+        for series in self.snapshot().values():
+            sums["ttft_seconds_sum"] += series.ttft.sum
+            sums["ttft_count"] += sum(series.ttft.counts)
+            sums["itl_seconds_sum"] += series.itl.sum
+            sums["itl_count"] += sum(series.itl.counts)
+        return sums
+
     def snapshot(self) -> dict[str, Series]:
         """A copy, merged into other instances' at scrape time."""
         with self._lock:
@@ -107,28 +118,39 @@ class RequestTimer:
         self.started = time.perf_counter()
         self._last: dict[int, float] = {}  # completion index -> time of its last token
 
-    def on_output(self, output: RequestOutput) -> None:
-        if not output.new_token_ids and not output.finished:
+    def on_tokens(self, index: int, num_new_tokens: int, finished: bool, finish_reason: str | None,
+                  num_prompt_tokens: int) -> None:
+        """Completion `index` produced `num_new_tokens` (and ended, when `finished`)."""
+        if not num_new_tokens and not finished:
             return
         now = time.perf_counter()
         first = not self._last
-        last = self._last.get(output.index)
-        self._last[output.index] = now
+        last = self._last.get(index)
+        self._last[index] = now
 
         def update(series: Series) -> None:
             if first:
                 series.ttft.observe(now - self.started)
-                series.prompt_tokens += output.num_prompt_tokens
-            if last is not None and output.new_token_ids:
-                gap = (now - last) / len(output.new_token_ids)
-                for _ in output.new_token_ids:
+                series.prompt_tokens += num_prompt_tokens
+            if last is not None and num_new_tokens:
+                gap = (now - last) / num_new_tokens
+                for _ in range(num_new_tokens):
                     series.itl.observe(gap)
-            series.generation_tokens += len(output.new_token_ids)
-            if output.finished:
-                series.finished[output.finish_reason or "abort"] += 1
+            series.generation_tokens += num_new_tokens
+            if finished:
+                series.finished[finish_reason or "abort"] += 1
                 series.e2e.observe(now - self.started)
 
         self.metrics.record(self.adapter, update)
+
+
+def _kv_cache_usage(engines: list[dict]) -> float:
+    """Share of the version's KV cache in use: engines report it (`kv_cache_usage`) or their blocks."""
+    if any("kv_cache_usage" in e for e in engines):
+        return sum(e.get("kv_cache_usage", 0.0) for e in engines) / len(engines)
+    usable = sum(e.get("num_blocks", 1) - 1 for e in engines)  # block 0 is the pool's reserved null block
+    used = usable - sum(e.get("num_free_blocks", 0) for e in engines)
+    return used / usable if usable else 0.0
 
 
 def _labels(model: str, version: str, adapter: str) -> list[str]:
@@ -136,10 +158,10 @@ def _labels(model: str, version: str, adapter: str) -> list[str]:
 
 
 class LLMMetricsCollector:
-    """Renders every ready native_gpu instance's metrics on the server's registry."""
+    """Renders the metrics of every ready instance that keeps `llm_metrics` on the server's registry."""
 
-    def __init__(self, dataplane, instance_type: type):
-        self.dataplane, self.instance_type = dataplane, instance_type
+    def __init__(self, dataplane):
+        self.dataplane = dataplane
 
     def describe(self):
         return self._families()
@@ -161,29 +183,28 @@ class LLMMetricsCollector:
                 for reason, count in sorted(s.finished.items()):
                     success.add_metric([*labels, reason], count)
             labels = [model, version]
-            running.add_metric(labels, sum(e["num_running"] for e in engines))
-            waiting.add_metric(labels, sum(e["num_waiting"] for e in engines))
-            usable = sum(e["num_blocks"] - 1 for e in engines)  # block 0 is the pool's reserved null block
-            used = usable - sum(e["num_free_blocks"] for e in engines)
-            kv_usage.add_metric(labels, used / usable if usable else 0.0)
-            num_queries = sum(e["num_prefix_queries"] for e in engines)
-            num_hits = sum(e["num_prefix_hits"] for e in engines)
+            running.add_metric(labels, sum(e.get("num_running", 0) for e in engines))
+            waiting.add_metric(labels, sum(e.get("num_waiting", 0) for e in engines))
+            kv_usage.add_metric(labels, _kv_cache_usage(engines))
+            num_queries = sum(e.get("num_prefix_queries", 0) for e in engines)
+            num_hits = sum(e.get("num_prefix_hits", 0) for e in engines)
             queries.add_metric(labels, num_queries)
             hits.add_metric(labels, num_hits)
             hit_rate.add_metric(labels, num_hits / num_queries if num_queries else 0.0)
-            preemptions.add_metric(labels, sum(e["num_preemptions"] for e in engines))
+            preemptions.add_metric(labels, sum(e.get("num_preemptions", 0) for e in engines))
         return families
 
     def _gather(self) -> dict[tuple[str, str], tuple[dict[str, Series], list[dict]]]:
         """Per model version: its instances' series merged by adapter, and their engine stats."""
         out: dict[tuple[str, str], tuple[dict[str, Series], list[dict]]] = {}
         for model, version, instance in self.dataplane.ready_instances():
-            if not isinstance(instance, self.instance_type):
+            metrics = getattr(instance, "llm_metrics", None)
+            if not isinstance(metrics, LLMMetrics):
                 continue
             merged, engines = out.setdefault((model, version), ({}, []))
-            for adapter, series in instance.metrics.snapshot().items():
+            for adapter, series in metrics.snapshot().items():
                 merged.setdefault(adapter, Series()).add(series)
-            engines.append(instance.engine_stats())
+            engines.append(instance.engine_stats() or {})
         return out
 
     @staticmethod
