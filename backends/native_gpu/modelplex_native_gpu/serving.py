@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from modelplex import (LORA_MODULES_PARAMETER, InferRequest, InferResponse, InstanceContext, InvalidInput,
                        ModelContext, ModelInstance, Unavailable)
 from modelplex.llm_metrics import LLMMetrics
+from modelplex.llm_protocol import declare_generate_tensors
 
 from .config import EngineConfig
 from .engine.outputs import RequestOutput
@@ -76,17 +77,8 @@ def max_queue_size(ctx: ModelContext) -> int:
 
 
 def auto_complete_config(ctx: ModelContext) -> None:
-    """Declare the protocol's tensors (see protocol.py) when config.pbtxt lists none."""
-    from tritonclient.grpc import model_config_pb2 as pb
-
-    config = ctx.config
-    if not config.input:
-        # text_input is optional only because a chat request sends `messages` instead.
-        for name in ("text_input", "messages", "sampling_parameters"):
-            tensor = config.input.add(name=name, data_type=pb.TYPE_STRING, dims=[1])
-            tensor.optional = True
-    if not config.output:
-        config.output.add(name="text_output", data_type=pb.TYPE_STRING, dims=[-1])
+    """Declare the LLM protocol's tensors (`modelplex.llm_protocol`) when config.pbtxt lists none."""
+    declare_generate_tensors(ctx.config)
 
 
 def engine_phases(output: RequestOutput) -> list[tuple[str, int, int, dict]] | None:
