@@ -143,11 +143,11 @@ def make_peers(items, args, wanted: set[str]) -> list[PeerProcess]:
     specs = {
         "vllm": lambda: PeerProcess("vLLM CPU (in-process)", "float32", f"{d}/venv-vllm/bin/python", "vllm_cpu.py",
                                     hf_dir, items, threads,
-                                    env={"LD_PRELOAD": f"{d}/venv-vllm/lib/libiomp5.so"}, run_timeout=timeout),
+                                    env={"LD_PRELOAD": f"{d}/venv-vllm/lib/libiomp5.so"}, start_timeout=timeout, run_timeout=timeout),
         "llamacpp": lambda: PeerProcess("llama.cpp (F32 GGUF)", "float32", f"{d}/venv-llamacpp/bin/python",
                                         "llamacpp.py", f"{d}/models/smollm2-135m-f32.gguf", items, threads,
-                                        env={"LLAMA_CPP_LIB_PATH": f"{d}/llama-server-build/bin"}, run_timeout=timeout),
+                                        env={"LLAMA_CPP_LIB_PATH": f"{d}/llama-server-build/bin"}, start_timeout=timeout, run_timeout=timeout),
         "ort": lambda: PeerProcess("onnxruntime-genai (static batches of 32)", "float32", f"{d}/venv-ort/bin/python",
-                                   "ort_genai.py", f"{d}/smollm2-ort-fp32", items, threads, run_timeout=timeout),
+                                   "ort_genai.py", f"{d}/smollm2-ort-fp32", items, threads, start_timeout=timeout, run_timeout=timeout),
     }
     return [specs[name]() for name in specs if name in wanted]

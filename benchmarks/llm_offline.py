@@ -150,7 +150,7 @@ def parse_args():
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's (256 on CPU)")
     p.add_argument("--single-requests", type=int, default=4, help="single-stream requests per run")
-    p.add_argument("--peer-run-timeout", type=float, default=3600.0, help="seconds before a peer's run counts as failed")
+    p.add_argument("--peer-run-timeout", type=float, default=3600.0, help="seconds a peer may take to start, and to finish one run, before it counts as failed")
     p.add_argument("--quiet-s", type=float, default=20.0,
                    help="before each timed run, wait up to this long for other processes to use < 0.5 cores")
     p.add_argument("--skip", default="", help="comma list of: single,peer,variable,subset")
