@@ -81,9 +81,13 @@ def test_adapters_are_listed(server, client):
 
 def test_switching_adapters_on_the_same_prompt_gives_each_adapters_text(client, adapters):
     """Base, terse, chatty, base on one prompt in a row: with a prefix cache shared across adapters the
-    second answer would reuse the first's KV and come out wrong."""
+    second answer would reuse the first's KV and come out wrong. (Checked: with prefix caching forced on
+    under adapters, terse answers the yellow-fruit prompt with "...Golden Delicious A100." where PEFT
+    says "...Golden Delicious A1, which is a type of Golden Delicious".)"""
     references = adapters[1]
-    prompt = PROMPTS[0]
+    prompts = [p for p in PROMPTS if all(references[n][p] != references[""][p] for n in ADAPTERS)]
+    assert prompts, "no prompt that every adapter changes: the test would prove nothing"
+    prompt = prompts[0]
     for name in ("", "terse", "chatty", "", "chatty"):
         assert _ask(client, name or MODEL, prompt) == references[name][prompt], name or "base"
 
