@@ -31,6 +31,10 @@ class EngineConfig:
     adaptive_threads: bool = True  # CPU: fewer threads while other processes keep the cores busy
     seed: int = 0
     skip_tokenizer_init: bool = False  # token ids in and out only (no text prompts, no text deltas)
+    # LoRA (modelplex_multilora): max_loras > 0 turns it on; that many adapters share a step.
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters kept in host memory; None: max(4 * max_loras, 16)
 
     DEFAULT_CPU_KV_BYTES = 1 << 30
     DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 256}
@@ -48,6 +52,11 @@ class EngineConfig:
             raise InvalidConfigError("kv_cache_memory_bytes", "must be positive")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise InvalidConfigError("gpu_memory_utilization", "must be in (0, 1]")
+        for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < (0 if name == "max_loras" else 1)):
+                raise InvalidConfigError(name, f"must be a {'non-negative' if name == 'max_loras' else 'positive'} "
+                                               f"integer, got {value!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise InvalidConfigError("max_model_len", "must be positive")
 

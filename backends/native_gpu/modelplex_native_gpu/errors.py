@@ -23,3 +23,7 @@ class InvalidConfigError(EngineError, ValueError):
 
 class ModelLoadError(EngineError):
     """Weights, config or tokenizer could not be read or are of an unsupported kind."""
+
+
+class AdapterNotFoundError(EngineError):
+    """A request names a LoRA adapter the engine does not (or no longer) serve."""

@@ -12,25 +12,26 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 
-from modelplex import (LORA_MODULES_PARAMETER, InferRequest, InferResponse, InstanceContext, InvalidInput,
-                       ModelContext, ModelInstance, Unavailable)
+from modelplex import (LORA_MODULES_PARAMETER, LORA_PARAMETER, InferRequest, InferResponse, InstanceContext,
+                       InvalidInput, ModelContext, ModelInstance, NotFound, Unavailable, Unsupported)
 from modelplex.llm_metrics import LLMMetrics
 from modelplex.llm_protocol import declare_generate_tensors
 
 from .config import EngineConfig
 from .engine.outputs import RequestOutput
-from .errors import EngineError
+from .errors import AdapterNotFoundError, EngineError
 from .protocol import GenerateCall, make_response, parse_request
 
 log = logging.getLogger(__name__)
 
 _INT_FIELDS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes", "max_model_len",
-               "num_threads", "seed")
+               "num_threads", "seed", "max_loras", "max_lora_rank", "max_cpu_loras")
 _request_ids = itertools.count()
 QUEUE_SIZE_PARAMETER = "max_queue_size"
 DEFAULT_MAX_QUEUE_SIZE = 256
 RETRY_AFTER_SECONDS = 1.0
 SLOT_HEADROOM = 16
+UNLOAD_POLL_SECONDS = 0.05
 
 
 def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
@@ -155,19 +156,46 @@ class LLMInstance(ModelInstance):
                               f"later", retry_after=RETRY_AFTER_SECONDS)
         request_id = f"{request.id or 'req'}-{next(_request_ids)}"
         timer = self.llm_metrics.timer()
+        lora = request.parameters.get(LORA_PARAMETER) or None
+        if lora is not None and not self._loras().is_cached(lora):
+            await asyncio.to_thread(self._loras().prefetch, lora)  # a disk read, never on the engine loop
         try:
             if call.params.response_format is not None:
                 # Compile (or validate) off the event loop and the engine thread; the engine's add then
                 # finds the grammar in xgrammar's cache.
                 await asyncio.to_thread(self.engine.engine.structured_outputs.compile, call.params.response_format)
-            stream = self.engine.generate(request_id, call.prompt_ids, call.params)
+            stream = self.engine.generate(request_id, call.prompt_ids, call.params, lora=lora)
             async with contextlib.aclosing(stream):
                 async for output in stream:
                     timer.on_tokens(output.index, len(output.new_token_ids), output.finished, output.finish_reason,
                                     output.num_prompt_tokens)
                     yield output
+        except AdapterNotFoundError as exc:  # unloaded after the host checked it
+            raise NotFound(str(exc)) from None
         except EngineError as exc:  # raised on the first step of the stream, before any output
             raise InvalidInput(str(exc)) from None
+
+    # ---- LoRA adapters (modelplex_multilora; the host has checked names and paths) -------------
+    def _loras(self):
+        lora = self.engine.engine.lora
+        if lora is None:
+            raise Unsupported(f"model '{self.model[0]}' was loaded without LoRA support: set its parameter max_loras")
+        return lora.manager
+
+    async def load_adapter(self, name: str, path) -> None:
+        manager = self._loras()
+        await asyncio.to_thread(manager.register, name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        manager = self._loras()
+        adapter = manager.begin_unload(name)
+        while adapter.num_pins:  # requests in flight (running or waiting) finish with it
+            await asyncio.sleep(UNLOAD_POLL_SECONDS)
+        manager.finish_unload(adapter)
+
+    def list_adapters(self) -> list[dict]:
+        lora = self.engine.engine.lora
+        return [] if lora is None else lora.manager.rows()
 
     def engine_stats(self) -> dict:
         """Scheduler and KV-cache occupancy (the engine_stats route, the LLM metrics, tests)."""

@@ -38,6 +38,7 @@ class _NewRequest:
     params: SamplingParams
     priority: int
     cache_salt: object
+    lora: str | None = None
 
 
 class AsyncLLMEngine:
@@ -70,9 +71,10 @@ class AsyncLLMEngine:
         return len(self.engine.scheduler.waiting) + sum(r.params.n for r in list(self._new_requests))
 
     async def generate(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | dict | None = None,
-                       *, priority: int = 0, cache_salt=None) -> AsyncIterator[RequestOutput]:
+                       *, priority: int = 0, cache_salt=None,
+                       lora: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yield incremental outputs until every completion of the request has finished."""
-        stream = self._add(request_id, prompt, sampling_params, priority, cache_salt)
+        stream = self._add(request_id, prompt, sampling_params, priority, cache_salt, lora)
         finished = False
         try:
             while not finished:
@@ -88,7 +90,7 @@ class AsyncLLMEngine:
             if not finished:
                 self.abort(request_id)
 
-    def _add(self, request_id, prompt, sampling_params, priority, cache_salt) -> _Stream:
+    def _add(self, request_id, prompt, sampling_params, priority, cache_salt, lora) -> _Stream:
         if isinstance(sampling_params, dict):
             sampling_params = SamplingParams.from_dict(sampling_params)
         params = sampling_params or SamplingParams()
@@ -102,7 +104,7 @@ class AsyncLLMEngine:
         except RuntimeError:
             self._streams.pop(request_id, None)
             raise
-        self._new_requests.append(_NewRequest(request_id, prompt, params, priority, cache_salt))
+        self._new_requests.append(_NewRequest(request_id, prompt, params, priority, cache_salt, lora))
         self._wakeup.set()
         return stream
 
@@ -146,7 +148,7 @@ class AsyncLLMEngine:
                 continue
             try:
                 self.engine.add_request(new.request_id, new.prompt, new.params, priority=new.priority,
-                                        cache_salt=new.cache_salt)
+                                        cache_salt=new.cache_salt, lora=new.lora)
             except EngineError as exc:
                 self._streams.pop(new.request_id, None)
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)

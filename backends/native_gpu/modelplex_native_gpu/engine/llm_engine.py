@@ -7,9 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from modelplex import NotFound
 
 from ..config import EngineConfig
-from ..errors import InvalidRequestError
+from ..errors import AdapterNotFoundError, InvalidRequestError
 from ..loader import LoadedWeights, load_weights
 from ..loader.tokenizer import load_tokenizer
 from .detokenizer import IncrementalDetokenizer
@@ -51,6 +52,7 @@ class _Completion:
     index: int
     detokenizer: IncrementalDetokenizer | None
     num_emitted: int = 0
+    lora_id: int | None = None  # pinned in the LoRA manager until the completion ends
 
 
 class LLMEngine:
@@ -73,8 +75,13 @@ class LLMEngine:
         num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
         progress(f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens on {device}")
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.lora = None
+        if config.max_loras:
+            from .lora import EngineLoRA
+
+            self.lora = self.runner.lora = EngineLoRA(config, self.runner)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.token_budget(device),
-                                   self.max_model_len)
+                                   self.max_model_len, self.lora and self.lora.admission)
         if tokenizer is None and not config.skip_tokenizer_init:
             tokenizer = load_tokenizer(config.model)
         self.tokenizer = tokenizer
@@ -100,8 +107,9 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: str | list[int] | None = None,
                     sampling_params: SamplingParams | dict | None = None, *, priority: int = 0,
-                    cache_salt=None, detokenize: bool = True) -> None:
-        """Queue a request (a text prompt or token ids). Bad input raises InvalidRequestError naming the field."""
+                    cache_salt=None, detokenize: bool = True, lora: str | None = None) -> None:
+        """Queue a request (a text prompt or token ids), optionally with LoRA adapter `lora`. Bad input
+        raises InvalidRequestError naming the field; an adapter that is not loaded, NotFound."""
         if isinstance(sampling_params, dict):
             sampling_params = SamplingParams.from_dict(sampling_params)
         params = sampling_params or SamplingParams()
@@ -118,6 +126,11 @@ class LLMEngine:
         grammar = None
         if params.response_format is not None:  # compiled before any state changes: a bad schema adds nothing
             grammar = self.structured_outputs.compile(params.response_format)
+        if lora and self.lora is None:
+            raise InvalidRequestError("lora", "this engine serves no LoRA adapters (max_loras is 0)")
+        lora_ids = self._acquire_lora(lora, params.n) if lora else [None] * params.n
+        if lora:  # an adapter's KV never serves another adapter's (or the base model's) prefix
+            cache_salt = (cache_salt, "lora", lora_ids[0])
         ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         self._children[request_id] = ids
         arrival = time.monotonic()
@@ -128,10 +141,11 @@ class LLMEngine:
                                           "seed": None if params.seed is None else params.seed + index})
             detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids, child.skip_special_tokens, child.stop)
                      if detokenize else None)
-            request = EngineRequest(rid, prompt_ids, child, self.eos_token_id, priority, cache_salt, arrival)
+            request = EngineRequest(rid, prompt_ids, child, self.eos_token_id, priority, cache_salt, arrival,
+                                    lora_ids[index])
             if grammar is not None:
                 request.grammar = StructuredOutputs.matcher(grammar)
-            self._completions[rid] = _Completion(request_id, index, detok)
+            self._completions[rid] = _Completion(request_id, index, detok, lora_id=lora_ids[index])
             self.scheduler.add_request(request)
 
     def _prompt_ids(self, prompt) -> list[int]:
@@ -153,7 +167,7 @@ class LLMEngine:
         """Stop a request now; its blocks return to the pool at once. Unknown ids are ignored."""
         for rid in self._children.pop(request_id, ()):
             self.scheduler.finish_request(rid, RequestStatus.FINISHED_ABORTED)
-            self._completions.pop(rid, None)
+            self._release_lora(self._completions.pop(rid, None))
 
     def is_active(self, request_id: str) -> bool:
         """True while any completion of the user request is unfinished."""
@@ -206,16 +220,28 @@ class LLMEngine:
             first_token_time=request.first_token_time)
 
     def _finish(self, rid: str, parent_id: str):
-        self._completions.pop(rid, None)
+        self._release_lora(self._completions.pop(rid, None))
         siblings = self._children.get(parent_id)
         if siblings is not None and all(s not in self._completions for s in siblings):
             del self._children[parent_id]
 
-    def generate(self, prompts: list, sampling_params: SamplingParams | None = None) -> list[list[RequestOutput]]:
-        """Offline helper: run prompts to completion; returns the final output of each completion per prompt."""
+    def _acquire_lora(self, name: str, n: int) -> list[int]:
+        try:
+            return [self.lora.manager.acquire(name) for _ in range(n)]
+        except NotFound as exc:  # n pins of one adapter: the first one fails or none does
+            raise AdapterNotFoundError(exc.message) from None
+
+    def _release_lora(self, completion: _Completion | None):
+        if completion is not None and completion.lora_id is not None:
+            self.lora.manager.release(completion.lora_id)
+
+    def generate(self, prompts: list, sampling_params: SamplingParams | None = None,
+                 loras: list[str | None] | None = None) -> list[list[RequestOutput]]:
+        """Offline helper: run prompts (each with its LoRA adapter from `loras`, if given) to completion;
+        returns the final output of each completion per prompt."""
         ids = [f"generate-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
-        for rid, prompt in zip(ids, prompts):
-            self.add_request(rid, prompt, sampling_params)
+        for rid, prompt, lora in zip(ids, prompts, loras or [None] * len(prompts)):
+            self.add_request(rid, prompt, sampling_params, lora=lora)
         final: dict[str, dict[int, RequestOutput]] = {rid: {} for rid in ids}
         while self.has_unfinished_requests():
             for output in self.step():

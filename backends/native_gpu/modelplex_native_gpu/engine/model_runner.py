@@ -54,6 +54,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device)
         self.kv_cache: torch.Tensor | None = None
         self.num_blocks = 0
+        self.lora = None  # engine.lora.EngineLoRA when LoRA is on; it sets each step's token -> slot mapping
 
     @property
     def bytes_per_block(self) -> int:
@@ -92,6 +93,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> SamplerOutput:
         """Run one step; returns a sampled token for each request whose scheduled tokens reach its end."""
         input_ids, positions, meta, sample_rows, sample_indices = self._prepare(out)
+        if self.lora is not None:
+            self.lora.set_step(out.requests, out.num_scheduled_tokens)
         hidden = self.model(input_ids, positions, meta)
         if not sample_indices:
             return SamplerOutput.empty(len(out.requests))

@@ -37,12 +37,13 @@ class EngineRequest:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None = None, priority: int = 0, cache_salt: Any = None,
-                 arrival_time: float | None = None):
+                 arrival_time: float | None = None, lora_id: int | None = None):
         self.request_id = request_id
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.priority = priority
         self.cache_salt = cache_salt  # extra key in block hashes (e.g. an adapter id)
+        self.lora_id = lora_id  # the LoRA adapter the request runs with (None: the base model)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         # time.monotonic() when first scheduled and when its first token came (reported in outputs)
         self.first_scheduled_time: float | None = None

@@ -43,7 +43,7 @@ class Scheduler:
     """FCFS (or priority, lower first) continuous batching over a KVCacheManager."""
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, lora_admission=None):
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -53,6 +53,7 @@ class Scheduler:
         self.requests: dict[str, EngineRequest] = {}
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
+        self.lora_admission = lora_admission  # modelplex_multilora.LoRAAdmission when LoRA is on
 
     def add_request(self, request: EngineRequest):
         self.requests[request.request_id] = request
@@ -108,8 +109,14 @@ class Scheduler:
         self._enqueue(request)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int):
+        lora, held_back = self.lora_admission, []
+        if lora is not None:
+            lora.begin_step(self.running)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if lora is not None and not lora.admit(request):  # its adapter has no device slot yet
+                held_back.append(self.waiting.pop(0))
+                continue
             hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
             if not self.kv_cache_manager.allocate_slots(request, num_new, hits):
@@ -125,6 +132,7 @@ class Scheduler:
             self.running.append(request)
             self._add(out, request, num_new)
             budget -= num_new
+        self.waiting[:0] = held_back  # still ahead of everything behind them
 
     def _add(self, out: SchedulerOutput, request: EngineRequest, num_new: int):
         out.requests.append(request)

@@ -68,6 +68,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # LoRA targets inside each decoder layer: projection -> the PEFT module names of its output slices.
+    lora_targets = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "self_attn.o_proj": ("o_proj",),
+                    "mlp.gate_up_proj": ("gate_proj", "up_proj"), "mlp.down_proj": ("down_proj",)}
+
     def __init__(self, cfg: LlamaArchConfig, kernels: ModuleType, max_position: int):
         super().__init__()
         self.config = cfg

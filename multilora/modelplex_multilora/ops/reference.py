@@ -1,0 +1,37 @@
+"""Batched LoRA ops in torch: the CPU path, and the reference the Triton kernels are tested against.
+
+A projection's LoRA weights for every device slot are stacked: `lora_a` [S, n, R, in] (n slices of
+one fused projection, e.g. q/k/v; ranks zero-padded to R) and one `lora_b` [S, R, out_i] per slice,
+with the adapter's scaling folded in. Each token uses its own slot: the shrink multiplies by every
+slot in use at once (one matmul) and keeps the token's own; the expand scatters a token's rank
+vector into its slot's rows and multiplies once. Few large matmuls beat one small one per adapter
+on a CPU; the extra FLOPs grow with the slots in use, not with the tokens' adapters.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..mapping import LoRAMapping
+
+
+def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
+    """x [T, in] -> s [T, n, R] with s[t, i] = lora_a[slot(t), i] @ x[t] (zero without a slot)."""
+    k = mapping.num_slots
+    _, n, rank, in_features = lora_a.shape
+    every = F.linear(x, lora_a[:k].reshape(k * n * rank, in_features))  # [T, k*n*R]
+    own = every.view(-1, k, n * rank) * mapping.slot_onehot.unsqueeze(-1)
+    return own.sum(1).view(-1, n, rank)
+
+
+def lora_expand(y: torch.Tensor, s: torch.Tensor, lora_b: tuple[torch.Tensor, ...], mapping: LoRAMapping) -> None:
+    """y [T, sum(out_i)] += per slice i: s[t, i] @ lora_b[i][slot(t)], into y's columns of slice i."""
+    k = mapping.num_slots
+    num_tokens, n, rank = s.shape
+    spread = s.unsqueeze(2) * mapping.slot_onehot.view(num_tokens, 1, k, 1)  # [T, n, k, R]
+    offset = 0
+    for i, b in enumerate(lora_b):
+        out_features = b.shape[-1]
+        y[:, offset:offset + out_features].addmm_(spread[:, i].reshape(num_tokens, k * rank),
+                                                  b[:k].reshape(k * rank, out_features))
+        offset += out_features
