@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from .lora_metrics import add_lora_metrics, lora_metric_families
+
 # vLLM's buckets, so dashboards built for vLLM read ours unchanged.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -153,10 +155,6 @@ def _kv_cache_usage(engines: list[dict]) -> float:
     return used / usable if usable else 0.0
 
 
-def _labels(model: str, version: str, adapter: str) -> list[str]:
-    return [model, version]
-
-
 class LLMMetricsCollector:
     """Renders the metrics of every ready instance that keeps `llm_metrics` on the server's registry."""
 
@@ -173,16 +171,19 @@ class LLMMetricsCollector:
         families = self._families()
         (ttft, itl, e2e, prompt, generation, success, running, waiting, kv_usage, queries, hits, hit_rate,
          preemptions) = families
+        lora_families = lora_metric_families()
         for (model, version), (series, engines) in gathered.items():
-            for adapter, s in series.items():
-                labels = _labels(model, version, adapter)
-                for family, histogram in ((ttft, s.ttft), (itl, s.itl), (e2e, s.e2e)):
-                    family.add_metric(labels, histogram.buckets(), histogram.sum)
-                prompt.add_metric(labels, s.prompt_tokens)
-                generation.add_metric(labels, s.generation_tokens)
-                for reason, count in sorted(s.finished.items()):
-                    success.add_metric([*labels, reason], count)
             labels = [model, version]
+            s = Series()  # vLLM's families sum the base model and every adapter
+            for one in series.values():
+                s.add(one)
+            for family, histogram in ((ttft, s.ttft), (itl, s.itl), (e2e, s.e2e)):
+                family.add_metric(labels, histogram.buckets(), histogram.sum)
+            prompt.add_metric(labels, s.prompt_tokens)
+            generation.add_metric(labels, s.generation_tokens)
+            for reason, count in sorted(s.finished.items()):
+                success.add_metric([*labels, reason], count)
+            add_lora_metrics(lora_families, labels, series, [e["lora"] for e in engines if "lora" in e])
             running.add_metric(labels, sum(e.get("num_running", 0) for e in engines))
             waiting.add_metric(labels, sum(e.get("num_waiting", 0) for e in engines))
             kv_usage.add_metric(labels, _kv_cache_usage(engines))
@@ -192,7 +193,7 @@ class LLMMetricsCollector:
             hits.add_metric(labels, num_hits)
             hit_rate.add_metric(labels, num_hits / num_queries if num_queries else 0.0)
             preemptions.add_metric(labels, sum(e.get("num_preemptions", 0) for e in engines))
-        return families
+        return families + [f for f in lora_families if f.samples]
 
     def _gather(self) -> dict[tuple[str, str], tuple[dict[str, Series], list[dict]]]:
         """Per model version: its instances' series merged by adapter, and their engine stats."""

@@ -5,20 +5,13 @@ import os
 import sys
 
 import pytest
+from lora_helpers import ADAPTERS, make_adapter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "backends", "native_gpu"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# name -> LoraConfig fields: different ranks (one not a power of two), target subsets, alpha, rsLoRA.
-ADAPTERS = {
-    "tone": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
-    "legal": dict(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                       "up_proj", "down_proj"]),
-    "code": dict(r=4, lora_alpha=8, use_rslora=True, target_modules=["o_proj", "down_proj"]),
-    "poet": dict(r=12, lora_alpha=24, target_modules=["k_proj", "gate_proj", "up_proj"]),
-}
 
 
 @pytest.fixture(scope="session")
@@ -36,22 +29,6 @@ def hf_model(gguf_path):
 
     folder, name = os.path.split(gguf_path)
     return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-
-
-def make_adapter(hf_model, folder, seed: int, b_std: float = 0.02, **config):
-    """A PEFT adapter saved by PEFT: its default A, and a random non-zero B (PEFT starts B at zero)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    peft_model = get_peft_model(hf_model, LoraConfig(lora_dropout=0.0, **config))
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, b_std)
-    peft_model.save_pretrained(folder)
-    peft_model.unload()  # the base model is shared
-    return folder
 
 
 @pytest.fixture(scope="session")

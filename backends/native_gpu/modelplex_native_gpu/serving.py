@@ -150,15 +150,15 @@ class LLMInstance(ModelInstance):
         return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len)
 
     async def _generate(self, request: InferRequest, call: GenerateCall):
+        lora = request.parameters.get(LORA_PARAMETER) or None
+        if lora is not None and not self._loras().is_cached(lora):
+            await asyncio.to_thread(self._loras().prefetch, lora)  # a disk read, never on the engine loop
         # The event loop alone adds requests, so no other add interleaves between check and add.
         if self.engine.num_waiting >= self.max_queue_size:
             raise Unavailable(f"model '{self.model[0]}': {self.max_queue_size} requests already wait; try again "
                               f"later", retry_after=RETRY_AFTER_SECONDS)
         request_id = f"{request.id or 'req'}-{next(_request_ids)}"
-        timer = self.llm_metrics.timer()
-        lora = request.parameters.get(LORA_PARAMETER) or None
-        if lora is not None and not self._loras().is_cached(lora):
-            await asyncio.to_thread(self._loras().prefetch, lora)  # a disk read, never on the engine loop
+        timer = self.llm_metrics.timer(lora or "")
         try:
             if call.params.response_format is not None:
                 # Compile (or validate) off the event loop and the engine thread; the engine's add then
@@ -201,10 +201,13 @@ class LLMInstance(ModelInstance):
         """Scheduler and KV-cache occupancy (the engine_stats route, the LLM metrics, tests)."""
         engine = self.engine.engine
         kv = engine.kv_cache_manager
-        return {**engine.stats(), "num_running": len(engine.scheduler.running),
-                "num_waiting": self.engine.num_waiting, "max_queue_size": self.max_queue_size,
-                "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits,
-                **self.llm_metrics.latency_sums()}
+        stats = {**engine.stats(), "num_running": len(engine.scheduler.running),
+                 "num_waiting": self.engine.num_waiting, "max_queue_size": self.max_queue_size,
+                 "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits,
+                 **self.llm_metrics.latency_sums()}
+        if engine.lora is not None:
+            stats["lora"] = engine.lora.stats(engine.scheduler)
+        return stats
 
     async def close(self) -> None:
         self.engine.shutdown()

@@ -35,3 +35,13 @@ class EngineLoRA:
         slot_of = self.manager.slot_of
         slots = [-1 if r.lora_id is None else slot_of(r.lora_id) for r in requests]
         self.model.set_mapping(LoRAMapping.build(slots, num_scheduled_tokens, self.dtype, self.device))
+
+    def stats(self, scheduler) -> dict:
+        """Adapters of running and waiting requests and each adapter's counters (read from any thread)."""
+        names = {a.lora_id: a.name for a in list(self.manager.adapters.values())}
+
+        def adapters_of(requests) -> list[str]:
+            return sorted({names[r.lora_id] for r in list(requests) if r.lora_id in names})
+
+        return {"max_loras": self.manager.config.max_loras, "running": adapters_of(scheduler.running),
+                "waiting": adapters_of(scheduler.waiting), "adapters": self.manager.rows()}
