@@ -59,7 +59,8 @@ def weights(gguf_path):
 def make_engine(gguf_path, weights, tokenizer, adapter_dirs, **overrides):
     torch.set_num_threads(2)
     settings = dict(model=gguf_path, device="cpu", dtype="float32", max_model_len=256,
-                    kv_cache_memory_bytes=48 << 20, max_loras=4, max_lora_rank=16)
+                    kv_cache_memory_bytes=48 << 20, max_loras=4, max_lora_rank=16,
+                    adaptive_threads=False)  # a fixed thread count: fp32 sums in a fixed order, as in HF
     engine = LLMEngine(EngineConfig(**settings | overrides), tokenizer=tokenizer, loaded=weights)
     for name, folder in adapter_dirs.items():
         engine.lora.manager.register(name, folder)

@@ -92,9 +92,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> SamplerOutput:
         """Run one step; returns a sampled token for each request whose scheduled tokens reach its end."""
-        input_ids, positions, meta, sample_rows, sample_indices = self._prepare(out)
-        if self.lora is not None:
-            self.lora.set_step(out.requests, out.num_scheduled_tokens)
+        input_ids, positions, meta, sample_rows, sample_indices, order = self._prepare(out)
+        if self.lora is not None:  # the mapping follows the flattened rows, which _prepare reorders
+            self.lora.set_step([out.requests[i] for i in order], [out.num_scheduled_tokens[i] for i in order])
         hidden = self.model(input_ids, positions, meta)
         if not sample_indices:
             return SamplerOutput.empty(len(out.requests))
@@ -145,4 +145,4 @@ class ModelRunner:
             prefill_context_lens=context_lens[nd:].to(dev),
             max_prefill_query_len=max(lens[nd:], default=0), decode_plan=plan)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        return ids, positions.to(dev), meta, torch.tensor(sample_rows, device=dev), sample_indices
+        return ids, positions.to(dev), meta, torch.tensor(sample_rows, device=dev), sample_indices, order
