@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 from build_repository import build, ensemble_config  # noqa: E402
+from llm_workloads import cpu_model  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 SEQUENCE = 16  # tokens per minilm request
@@ -308,7 +309,7 @@ def main() -> None:
             runs.append({"kind": "ensemble", "round": n, **row})
             log("round %d ensemble: %s" % (n, {k: round(v, 3) for k, v in row.items()}))
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": "2 shared cores (Intel Xeon, AVX-512), CPU only", "concurrency": args.concurrency,
+            "machine": f"{cpu_model()}, shared, CPU only", "concurrency": args.concurrency,
             "load": (load_before, os.getloadavg()[1]),
             "seconds": args.seconds}
     (out / "batching.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))

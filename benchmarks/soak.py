@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 from build_repository import build  # noqa: E402
+from llm_workloads import cpu_model  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 LLM, CYCLED, ADAPTERS = "smollm2", "simple_cycled", ("soak_a", "soak_b")
@@ -402,7 +403,7 @@ def main() -> None:
             t.join(150)
         exit_code = server.stop()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "minutes": args.minutes, "machine": "2 shared cores (Intel Xeon), CPU only",
+            "minutes": args.minutes, "machine": f"{cpu_model()}, shared, CPU only",
             "load": (load_before, os.getloadavg()[1]), "warmup_secs": args.warmup_secs, "adapters": adapters,
             "quiet_secs": args.quiet_secs,
             "threads": f"simple {args.simple_threads}, {CYCLED} {args.cycled_threads}, minilm {args.minilm_threads}, "
