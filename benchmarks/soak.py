@@ -340,6 +340,9 @@ def report(rec: Recorder, rss: list, meta: dict) -> tuple[str, dict]:
 # ---- main ---------------------------------------------------------------------------------
 def build_repo(repo: Path) -> None:
     build(repo, ["simple", "minilm", LLM])
+    llm_config = repo / LLM / "config.pbtxt"
+    if "max_loras" not in llm_config.read_text():  # the example serves no adapters; the soak swaps two
+        llm_config.write_text(llm_config.read_text() + 'parameters { key: "max_loras" value { string_value: "2" } }\n')
     if not (repo / CYCLED).exists():
         shutil.copytree(repo / "simple", repo / CYCLED)
         config = (repo / CYCLED / "config.pbtxt").read_text().replace('name: "simple"', f'name: "{CYCLED}"')
