@@ -252,12 +252,16 @@ def swap_adapter(http: httpx.Client, adapter_root: Path, rec: Recorder, windows:
 
 
 def serves_adapters(server, adapter_root: Path) -> bool:
-    """Whether the LLM's backend serves adapters: the first one loads (and stays) or is refused."""
-    answer = httpx.post(f"http://{server.http_url}/v2/repository/models/{LLM}/adapters/{ADAPTERS[0]}/load",
-                        json={"parameters": {"source": str(adapter_root / ADAPTERS[0])}}, timeout=120)
-    if answer.status_code not in (200, 501):
-        raise SystemExit(f"loading adapter {ADAPTERS[0]}: {answer.status_code} {answer.text}")
-    return answer.status_code == 200
+    """Whether the LLM's backend serves adapters: all of them load (and stay until swapped) or the
+    first is refused as unsupported."""
+    for name in ADAPTERS:
+        answer = httpx.post(f"http://{server.http_url}/v2/repository/models/{LLM}/adapters/{name}/load",
+                            json={"parameters": {"source": str(adapter_root / name)}}, timeout=120)
+        if answer.status_code == 501 and name == ADAPTERS[0]:
+            return False
+        if answer.status_code != 200:
+            raise SystemExit(f"loading adapter {name}: {answer.status_code} {answer.text}")
+    return True
 
 
 def write_adapters(root: Path) -> None:

@@ -17,6 +17,7 @@ from . import model_config as mc
 from .adapters import AdapterSource, static_sources
 from .backend import BackendSpec, ModelContext
 from .errors import InvalidInput, ModelplexError, NotFound, Unavailable
+from .memory import release_freed_memory_soon
 from .model_version import ModelVersion
 from .repository import ModelLocation, ModelRepository, check_name, confined
 from .settings import ServerConfig
@@ -145,6 +146,7 @@ class ModelManager:
             await self._load_locked(entry, name, config_json, files)
         finally:
             _LOAD_CHAIN.reset(token)
+            release_freed_memory_soon()
 
     async def _load_locked(self, entry: ModelEntry, name: str, config_json: str | None,
                            files: dict[str, bytes] | None) -> None:
@@ -384,6 +386,7 @@ class ModelManager:
 
     async def _retire(self, mv: ModelVersion) -> None:
         await mv.unload(self.settings.unload_timeout_secs)
+        release_freed_memory_soon()
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload `name`. A model that loaded ensembles use is refused unless `unload_dependents`,
