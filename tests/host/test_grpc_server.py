@@ -81,6 +81,9 @@ def test_health_watch_reports_the_server_going_not_serving(tmp_path):
     async def test(dataplane, server, port):
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
+            unknown = health.Watch(health_pb2.HealthCheckRequest(service="absent"))
+            assert (await unknown.read()).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            unknown.cancel()
             watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
             assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
             dataplane.accepting = False  # what the server does when shutdown starts
@@ -89,8 +92,6 @@ def test_health_watch_reports_the_server_going_not_serving(tmp_path):
             assert await asyncio.wait_for(watch.read(), timeout=5) is grpc.aio.EOF, "shutdown ends the watch"
             check = await health.Check(health_pb2.HealthCheckRequest(service=""))
             assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
-            unknown = health.Watch(health_pb2.HealthCheckRequest(service="absent"))
-            assert (await unknown.read()).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 
     serve(tmp_path, test)
 
