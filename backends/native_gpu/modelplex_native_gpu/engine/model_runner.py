@@ -41,7 +41,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             from ..kernels import triton_attention as kernels
         else:
-            from ..kernels import reference as kernels
+            from ..kernels import cpu as kernels
         self.kernels = kernels
         self.model = LlamaForCausalLM(loaded.config, kernels, max_position=cfg.max_model_len)
         unused = self.model.load_weights(loaded.weights)

@@ -1,1 +1,1 @@
-"""Attention kernels: Triton for CUDA, with same-signature torch references that are also the CPU path."""
+"""Attention kernels: Triton for CUDA; torch references of the same signatures; the CPU path (references + a C++ decode op)."""

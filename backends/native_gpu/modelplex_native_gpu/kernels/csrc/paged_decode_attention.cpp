@@ -1,0 +1,268 @@
+// Paged decode attention for the CPU path: one query token per sequence, K/V read in place from the
+// block-paged cache (no gather copy), one (sequence, KV head) pair per task on torch's intra-op pool.
+// Registered as torch.ops.modelplex_cpu.paged_decode_attention; see kernels/cpu.py.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// Scores of one block's tokens against `group` query heads: scores[g * stride + t] = qf[g] . k_t.
+template <typename scalar_t>
+void block_scores(const float* qf, const scalar_t* k, int64_t token_stride, int64_t n, int64_t group,
+                  int64_t head_dim, float* scores, int64_t stride) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf + g * head_dim;
+      const scalar_t* kt = k + t * token_stride;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < head_dim; ++d) s += qg[d] * static_cast<float>(kt[d]);
+      scores[g * stride + t] = s;
+    }
+}
+
+// acc[g] += sum_t p[g * stride + t] * v_t over one block's tokens.
+template <typename scalar_t>
+void block_values(const float* p, const scalar_t* v, int64_t token_stride, int64_t n, int64_t group,
+                  int64_t head_dim, int64_t stride, float* acc) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const float pg = p[g * stride + t];
+      const scalar_t* vt = v + t * token_stride;
+      float* a = acc + g * head_dim;
+#pragma omp simd
+      for (int64_t d = 0; d < head_dim; ++d) a[d] += pg * static_cast<float>(vt[d]);
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// fp32 with head_dim % 8 == 0: eight tokens' dot products at a time, reduced with one transpose-add tree
+// (no horizontal sum per dot); values accumulated 32 floats at a time in registers.
+inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+}
+
+template <>
+void block_scores<float>(const float* qf, const float* k, int64_t token_stride, int64_t n, int64_t group,
+                         int64_t head_dim, float* scores, int64_t stride) {
+  if (head_dim % 8 != 0) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t g = 0; g < group; ++g) {
+        float s = 0.f;
+        for (int64_t d = 0; d < head_dim; ++d) s += qf[g * head_dim + d] * k[t * token_stride + d];
+        scores[g * stride + t] = s;
+      }
+    return;
+  }
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const float* kt = k + t * token_stride;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf + g * head_dim;
+      __m256 a[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 8) {
+        const __m256 q = _mm256_loadu_ps(qg + d);
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(q, _mm256_loadu_ps(kt + j * token_stride + d), a[j]);
+      }
+      _mm256_storeu_ps(scores + g * stride + t, sum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]));
+    }
+  }
+  for (; t < n; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      __m256 a = _mm256_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(qf + g * head_dim + d), _mm256_loadu_ps(k + t * token_stride + d), a);
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, a);
+      scores[g * stride + t] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    }
+}
+
+// acc[0:8*NV] += sum_t p[t] * v_t[0:8*NV], the accumulators held in registers.
+template <int NV>
+inline void accumulate(const float* p, const float* v, int64_t token_stride, int64_t n, float* acc) {
+  __m256 a[NV];
+  for (int j = 0; j < NV; ++j) a[j] = _mm256_loadu_ps(acc + 8 * j);
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 pt = _mm256_set1_ps(p[t]);
+    for (int j = 0; j < NV; ++j) a[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + t * token_stride + 8 * j), a[j]);
+  }
+  for (int j = 0; j < NV; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
+}
+
+template <>
+void block_values<float>(const float* p, const float* v, int64_t token_stride, int64_t n, int64_t group,
+                         int64_t head_dim, int64_t stride, float* acc) {
+  if (head_dim % 8 != 0) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t d = 0; d < head_dim; ++d) acc[g * head_dim + d] += p[g * stride + t] * v[t * token_stride + d];
+    return;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    int64_t d = 0;
+    for (; d + 32 <= head_dim; d += 32) accumulate<4>(p + g * stride, v + d, token_stride, n, acc + g * head_dim + d);
+    for (; d < head_dim; d += 8) accumulate<1>(p + g * stride, v + d, token_stride, n, acc + g * head_dim + d);
+  }
+}
+
+// exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, a degree-6 polynomial for exp(r), 2^n from the exponent bits).
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // exp(-87) ~ 1.6e-38: keeps 2^n a normal float
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// s[t] = exp(s[t] - m) in place; returns the sum.
+inline float exp_shifted_sum(float* s, int64_t n, float m) {
+  __m256 sum = _mm256_setzero_ps();
+  const __m256 mv = _mm256_set1_ps(m);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+    _mm256_storeu_ps(s + t, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; t < n; ++t) {
+    s[t] = std::exp(s[t] - m);
+    total += s[t];
+  }
+  return total;
+}
+#else
+inline float exp_shifted_sum(float* s, int64_t n, float m) {
+  float total = 0.f;
+  for (int64_t t = 0; t < n; ++t) {
+    s[t] = std::exp(s[t] - m);
+    total += s[t];
+  }
+  return total;
+}
+#endif
+
+// Blocks are scattered (often one 4 KiB page each) and hardware prefetchers stop at page boundaries:
+// fetch the next block while this one is being read.
+template <typename scalar_t>
+inline void prefetch_block(const scalar_t* x, int64_t n, int64_t token_stride, int64_t head_dim) {
+  const int64_t per_line = 64 / sizeof(scalar_t);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t d = 0; d < head_dim; d += per_line) __builtin_prefetch(x + t * token_stride + d);
+}
+
+template <typename scalar_t>
+void decode_one(const scalar_t* q, int64_t q_head_stride, const scalar_t* k_base, const scalar_t* v_base,
+                int64_t block_stride, int64_t token_stride, const int32_t* table, int64_t context_len,
+                int64_t block_size, int64_t group, int64_t head_dim, float scale, std::vector<float>& scores,
+                std::vector<float>& acc, std::vector<float>& qf, scalar_t* out, int64_t out_head_stride) {
+  scores.resize(group * context_len);
+  acc.assign(group * head_dim, 0.f);
+  qf.resize(group * head_dim);
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < head_dim; ++d) qf[g * head_dim + d] = static_cast<float>(q[g * q_head_stride + d]) * scale;
+  // Pass 1: scores = (q * scale) . k for every cached token of the sequence.
+  for (int64_t start = 0; start < context_len; start += block_size) {
+    if (start + block_size < context_len)
+      prefetch_block(k_base + table[start / block_size + 1] * block_stride,
+                     std::min(block_size, context_len - start - block_size), token_stride, head_dim);
+    block_scores<scalar_t>(qf.data(), k_base + table[start / block_size] * block_stride, token_stride,
+                           std::min(block_size, context_len - start), group, head_dim, scores.data() + start,
+                           context_len);
+  }
+  // Softmax per query head (normalised at the end), then pass 2: out = sum_t p_t * v_t.
+  std::vector<float> inv_sum(group);
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores.data() + g * context_len;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < context_len; ++t) m = std::max(m, s[t]);
+    inv_sum[g] = 1.f / exp_shifted_sum(s, context_len, m);
+  }
+  for (int64_t start = 0; start < context_len; start += block_size) {
+    if (start + block_size < context_len)
+      prefetch_block(v_base + table[start / block_size + 1] * block_stride,
+                     std::min(block_size, context_len - start - block_size), token_stride, head_dim);
+    block_values<scalar_t>(scores.data() + start, v_base + table[start / block_size] * block_stride, token_stride,
+                           std::min(block_size, context_len - start), group, head_dim, context_len, acc.data());
+  }
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < head_dim; ++d)
+      out[g * out_head_stride + d] = static_cast<scalar_t>(acc[g * head_dim + d] * inv_sum[g]);
+}
+
+// query [B, H, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D] (any strides, contiguous D);
+// block_tables [B, max_blocks] int32; context_lens [B] int32 (>= 1). Returns [B, H, D].
+at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+              k_cache.strides() == v_cache.strides(), "bad shapes");
+  TORCH_CHECK(query.stride(2) == 1 && k_cache.stride(3) == 1, "the head dim must be contiguous");
+  TORCH_CHECK(query.scalar_type() == k_cache.scalar_type(), "query and cache dtypes differ");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt, "int32 tables");
+  const int64_t batch = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  TORCH_CHECK(num_heads % num_kv_heads == 0 && k_cache.size(3) == head_dim, "head counts");
+  const int64_t group = num_heads / num_kv_heads;
+  auto tables = block_tables.contiguous();
+  auto lens = context_lens.contiguous();
+  auto out = at::empty({batch, num_heads, head_dim}, query.options());
+  const int32_t* table_ptr = tables.data_ptr<int32_t>();
+  const int32_t* len_ptr = lens.data_ptr<int32_t>();
+  const int64_t max_blocks = tables.size(1);
+  for (int64_t b = 0; b < batch; ++b)  // checked here: an exception must not leave the parallel region
+    TORCH_CHECK(len_ptr[b] >= 1 && len_ptr[b] <= max_blocks * block_size, "context length out of range");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_decode_attention", [&] {
+    const scalar_t* q_ptr = query.data_ptr<scalar_t>();
+    const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
+    const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.data_ptr<scalar_t>();
+    at::parallel_for(0, batch * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, acc, qf;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
+        const int64_t len = len_ptr[b];
+        decode_one<scalar_t>(q_ptr + b * query.stride(0) + h * group * query.stride(1), query.stride(1),
+                             k_ptr + h * k_cache.stride(2), v_ptr + h * v_cache.stride(2), k_cache.stride(0),
+                             k_cache.stride(1), table_ptr + b * max_blocks, len, block_size, group, head_dim,
+                             static_cast<float>(scale), scores, acc, qf,
+                             out_ptr + b * num_heads * head_dim + h * group * head_dim, head_dim);
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(modelplex_cpu, m) {
+  m.def("paged_decode_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor context_lens, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }

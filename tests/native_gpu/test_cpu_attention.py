@@ -1,0 +1,69 @@
+"""The CPU path's compiled paged decode attention vs the torch reference (the op is built on first use)."""
+import pytest
+import torch
+
+from modelplex_native_gpu.kernels import cpu, reference
+
+BLOCK_SIZE = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    if cpu.compiled_decode_op() is None:
+        pytest.fail("the CPU decode-attention op did not build (gcc and ninja are installed by `make`)")
+
+
+def make_case(batch, num_heads, num_kv_heads, head_dim, context_lens, dtype=torch.float32, num_blocks=64, seed=0):
+    """Caches in the CPU runner's head-major layout, shuffled disjoint block tables padded with the null block."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (num_kv_heads, num_blocks, BLOCK_SIZE, head_dim)
+    k_cache, v_cache = (torch.randn(shape, generator=g).to(dtype).permute(1, 2, 0, 3) for _ in range(2))
+    max_blocks = max(-(-n // BLOCK_SIZE) for n in context_lens) + 1  # one padded column
+    ids = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    tables = []
+    for n in context_lens:
+        k = -(-n // BLOCK_SIZE)
+        tables.append([ids.pop() for _ in range(k)] + [0] * (max_blocks - k))
+    query = torch.randn(batch, num_heads, head_dim, generator=g).to(dtype)
+    return query, k_cache, v_cache, torch.tensor(tables, dtype=torch.int32), torch.tensor(context_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [
+    (9, 3, 64),   # SmolLM2-135M: 3 query heads per KV head
+    (4, 4, 32),   # no GQA
+    (8, 2, 24),   # head size not a multiple of 8: the scalar path
+    (6, 1, 80),   # head size not a multiple of 32: the 8-float tail
+])
+def test_matches_reference(num_heads, num_kv_heads, head_dim):
+    # 1: a single token; 16/17: at and across a block boundary; 100 and 203: many blocks, a partial tail
+    lens = [1, 16, 17, 100, 203]
+    case = make_case(len(lens), num_heads, num_kv_heads, head_dim, lens)
+    scale = head_dim ** -0.5
+    got = cpu.paged_decode_attention(*case, scale)
+    want = reference.paged_decode_attention(*case, scale)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_cache_matches_reference():
+    case = make_case(3, 8, 2, 64, [5, 40, 77], dtype=torch.bfloat16)
+    got = cpu.paged_decode_attention(*case, 0.125)
+    want = reference.paged_decode_attention(*case, 0.125)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_padding_and_other_blocks_are_never_read():
+    """NaN in the null block and in every block a sequence does not own must not reach the output."""
+    query, k_cache, v_cache, tables, lens = make_case(2, 4, 2, 32, [5, 33])
+    owned = set(tables[0, :1].tolist()) | set(tables[1, :3].tolist())
+    for b in range(k_cache.shape[0]):
+        if b not in owned:
+            k_cache[b], v_cache[b] = float("nan"), float("nan")
+    k_cache[tables[1, 2], 1:], v_cache[tables[1, 2], 1:] = float("nan"), float("nan")  # slots past token 33
+    out = cpu.paged_decode_attention(query, k_cache, v_cache, tables, lens, 0.2)
+    assert torch.isfinite(out).all()
+
+
+def test_a_context_longer_than_the_table_is_refused():
+    query, k_cache, v_cache, tables, _ = make_case(1, 4, 2, 32, [20])
+    with pytest.raises(RuntimeError, match="context length out of range"):
+        cpu.paged_decode_attention(query, k_cache, v_cache, tables, torch.tensor([500], dtype=torch.int32), 0.2)
