@@ -42,6 +42,8 @@ class ModelRunner:
             from ..kernels import triton_attention as kernels
         else:
             from ..kernels import cpu as kernels
+
+            kernels.compiled_decode_op()  # built (first use on this machine: ~15 s) while the model loads
         self.kernels = kernels
         self.model = LlamaForCausalLM(loaded.config, kernels, max_position=cfg.max_model_len)
         unused = self.model.load_weights(loaded.weights)

@@ -2,7 +2,8 @@
 (csrc/paged_decode_attention.cpp) that reads K/V in place from the paged cache instead of gathering copies.
 
 The op is compiled on first use with torch.utils.cpp_extension (gcc, cached under ~/.cache/torch_extensions)
-for this machine's CPU; without a compiler the engine logs why and keeps the torch reference.
+for this machine's CPU; without a compiler the engine logs why and keeps the torch reference, as it
+does with MODELPLEX_CPU_ATTENTION=torch (for A/B measurements).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 
 import torch
 
@@ -20,6 +22,7 @@ from .reference import prefix_prefill_attention, store_kvcache
 __all__ = ["store_kvcache", "prefix_prefill_attention", "plan_decode", "paged_decode_attention", "compiled_decode_op"]
 
 logger = logging.getLogger(__name__)
+_BUILD_LOCK = threading.Lock()  # engines loading in parallel threads build (and register) it once
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "paged_decode_attention.cpp")
 
 
@@ -31,9 +34,14 @@ def _cpu_flags() -> str:
         return ""
 
 
-@functools.cache
 def compiled_decode_op():
     """torch.ops.modelplex_cpu.paged_decode_attention, or None when it cannot be built here."""
+    with _BUILD_LOCK:
+        return _build()
+
+
+@functools.cache
+def _build():
     if os.environ.get("MODELPLEX_CPU_ATTENTION") == "torch":
         return None
     from torch.utils import cpp_extension

@@ -169,7 +169,9 @@ inline float exp_shifted_sum(float* s, int64_t n, float m) {
 #endif
 
 // Blocks are scattered (often one 4 KiB page each) and hardware prefetchers stop at page boundaries:
-// fetch the next block while this one is being read.
+// the next kBlocksAhead blocks are fetched while one is being read.
+constexpr int64_t kBlocksAhead = 2;
+
 template <typename scalar_t>
 inline void prefetch_block(const scalar_t* x, int64_t n, int64_t token_stride, int64_t head_dim) {
   const int64_t per_line = 64 / sizeof(scalar_t);
@@ -187,15 +189,20 @@ void decode_one(const scalar_t* q, int64_t q_head_stride, const scalar_t* k_base
   qf.resize(group * head_dim);
   for (int64_t g = 0; g < group; ++g)
     for (int64_t d = 0; d < head_dim; ++d) qf[g * head_dim + d] = static_cast<float>(q[g * q_head_stride + d]) * scale;
+  const int64_t num_blocks = (context_len + block_size - 1) / block_size;
+  auto block = [&](const scalar_t* base, int64_t i) { return base + table[i] * block_stride; };
+  auto tokens_in = [&](int64_t i) { return std::min(block_size, context_len - i * block_size); };
+  auto prefetch = [&](const scalar_t* base, int64_t i) {
+    if (i < num_blocks) prefetch_block(block(base, i), tokens_in(i), token_stride, head_dim);
+  };
   // Pass 1: scores = (q * scale) . k for every cached token of the sequence.
-  for (int64_t start = 0; start < context_len; start += block_size) {
-    if (start + block_size < context_len)
-      prefetch_block(k_base + table[start / block_size + 1] * block_stride,
-                     std::min(block_size, context_len - start - block_size), token_stride, head_dim);
-    block_scores<scalar_t>(qf.data(), k_base + table[start / block_size] * block_stride, token_stride,
-                           std::min(block_size, context_len - start), group, head_dim, scores.data() + start,
-                           context_len);
+  for (int64_t i = 0; i < kBlocksAhead; ++i) prefetch(k_base, i);
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    prefetch(k_base, i + kBlocksAhead);
+    block_scores<scalar_t>(qf.data(), block(k_base, i), token_stride, tokens_in(i), group, head_dim,
+                           scores.data() + i * block_size, context_len);
   }
+  for (int64_t i = 0; i < kBlocksAhead; ++i) prefetch(v_base, i);  // arrives during the softmax
   // Softmax per query head (normalised at the end), then pass 2: out = sum_t p_t * v_t.
   std::vector<float> inv_sum(group);
   for (int64_t g = 0; g < group; ++g) {
@@ -204,12 +211,10 @@ void decode_one(const scalar_t* q, int64_t q_head_stride, const scalar_t* k_base
     for (int64_t t = 0; t < context_len; ++t) m = std::max(m, s[t]);
     inv_sum[g] = 1.f / exp_shifted_sum(s, context_len, m);
   }
-  for (int64_t start = 0; start < context_len; start += block_size) {
-    if (start + block_size < context_len)
-      prefetch_block(v_base + table[start / block_size + 1] * block_stride,
-                     std::min(block_size, context_len - start - block_size), token_stride, head_dim);
-    block_values<scalar_t>(scores.data() + start, v_base + table[start / block_size] * block_stride, token_stride,
-                           std::min(block_size, context_len - start), group, head_dim, context_len, acc.data());
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    prefetch(v_base, i + kBlocksAhead);
+    block_values<scalar_t>(scores.data() + i * block_size, block(v_base, i), token_stride, tokens_in(i), group,
+                           head_dim, context_len, acc.data());
   }
   for (int64_t g = 0; g < group; ++g)
     for (int64_t d = 0; d < head_dim; ++d)
