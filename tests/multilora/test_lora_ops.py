@@ -1,5 +1,5 @@
-"""Batched LoRA shrink/expand: the torch ops (the CPU path) against a per-token loop, and the Triton
-kernels against the torch ops under TRITON_INTERPRET=1 on CPU tensors."""
+"""Batched LoRA shrink/expand: the torch ops and the CPU path (oneDNN-packed) against a per-token loop,
+and the Triton kernels against the torch ops under TRITON_INTERPRET=1 on CPU tensors."""
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton decorates the kernels
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from modelplex_multilora.mapping import LoRAMapping
-from modelplex_multilora.ops import reference
+from modelplex_multilora.ops import cpu, reference
 
 IN, OUTS = 40, (24, 8, 8)  # a fused projection of three slices, non-power-of-two sizes
 
@@ -37,9 +37,10 @@ def mapping_for(request_slots, tokens, dtype=torch.float32):
     return LoRAMapping.build(request_slots, tokens, dtype, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("ops", [reference, cpu], ids=["reference", "cpu"])
 @pytest.mark.parametrize("rank", [8, 5])
 @pytest.mark.parametrize("request_slots", [[-1, 0, 2, 1, -1], [1, 1, -1], [0]], ids=["mixed", "prefix", "one"])
-def test_reference_matches_a_per_token_loop(rank, request_slots):
+def test_ops_match_a_per_token_loop(ops, rank, request_slots):
     lora_a, lora_b = stacks(3, rank)
     tokens = [3, 1, 2, 1, 4][:len(request_slots)]
     mapping = mapping_for(request_slots, tokens)
@@ -47,8 +48,27 @@ def test_reference_matches_a_per_token_loop(rank, request_slots):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(sum(tokens), IN, generator=g), torch.randn(sum(tokens), sum(OUTS), generator=g)
     want = per_token(x, y, lora_a, lora_b, mapping.token_slots)
-    reference.lora_expand(y, reference.lora_shrink(x, lora_a, mapping), lora_b, mapping)
+    ops.lora_expand(y, ops.lora_shrink(x, lora_a, mapping), lora_b, mapping)
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5, msg="torch LoRA ops vs per-token loop")
+
+
+def test_cpu_ops_follow_slot_rewrites_and_slot_counts():
+    """The packed copies must not go stale: a slot rewritten in place, or a step using more slots."""
+    lora_a, lora_b = stacks(3, 8)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, IN, generator=g)
+
+    def run(request_slots, tokens):
+        mapping = mapping_for(request_slots, tokens)
+        y = torch.zeros(sum(tokens), sum(OUTS))
+        cpu.lora_expand(y, cpu.lora_shrink(x[:sum(tokens)], lora_a, mapping), lora_b, mapping)
+        return y, per_token(x[:sum(tokens)], torch.zeros_like(y), lora_a, lora_b, mapping.token_slots)
+
+    torch.testing.assert_close(*run([0, 1], [2, 2]))
+    lora_a[1].copy_(torch.randn(lora_a[1].shape, generator=g))  # the manager loads another adapter into slot 1
+    lora_b[0][1].zero_()
+    torch.testing.assert_close(*run([0, 1], [2, 2]))
+    torch.testing.assert_close(*run([2, 0], [1, 3]))  # three slots now
 
 
 def test_no_adapter_in_the_step_means_no_mapping():

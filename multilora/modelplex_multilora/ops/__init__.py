@@ -1,1 +1,2 @@
-"""Batched LoRA shrink/expand: `reference` (torch; the CPU path) and `triton_lora` (CUDA), same signatures."""
+"""Batched LoRA shrink/expand: `reference` (torch), `cpu` (the same math on oneDNN-packed weights) and
+`triton_lora` (CUDA), all with the same signatures."""

@@ -21,7 +21,7 @@ class EngineLoRA:
         if runner.device.type == "cuda":
             from modelplex_multilora.ops import triton_lora as ops
         else:
-            from modelplex_multilora.ops import reference as ops
+            from modelplex_multilora.ops import cpu as ops
         self.model = LoRAModel(runner.model, shape, config.max_loras, config.max_lora_rank, ops, runner.dtype,
                                runner.device)
         max_cpu = config.max_cpu_loras or max(4 * config.max_loras, 16)
