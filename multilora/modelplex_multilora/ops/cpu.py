@@ -33,25 +33,17 @@ def _linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
 
 
+def _shrink_linear(x: torch.Tensor, lora_a: torch.Tensor, k: int) -> torch.Tensor:
+    return _linear(x, _packed_weight(lora_a, k, lambda: lora_a[:k].reshape(-1, lora_a.shape[-1]).contiguous()))
+
+
+def _expand_add(y: torch.Tensor, spread: torch.Tensor, b: torch.Tensor, k: int) -> None:
+    y += _linear(spread, _packed_weight(b, k, lambda: b[:k].reshape(-1, b.shape[-1]).t().contiguous()))
+
+
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
-    if x.dtype != torch.float32:
-        return reference.lora_shrink(x, lora_a, mapping)
-    k = mapping.num_slots
-    _, n, rank, in_features = lora_a.shape
-    packed = _packed_weight(lora_a, k, lambda: lora_a[:k].reshape(k * n * rank, in_features).contiguous())
-    own = _linear(x, packed).view(-1, k, n * rank) * mapping.slot_onehot.unsqueeze(-1)
-    return own.sum(1).view(-1, n, rank)
+    return reference.lora_shrink(x, lora_a, mapping, _shrink_linear if x.dtype == torch.float32 else None)
 
 
 def lora_expand(y: torch.Tensor, s: torch.Tensor, lora_b: tuple[torch.Tensor, ...], mapping: LoRAMapping) -> None:
-    if y.dtype != torch.float32:
-        return reference.lora_expand(y, s, lora_b, mapping)
-    k = mapping.num_slots
-    num_tokens, n, rank = s.shape
-    spread = s.unsqueeze(2) * mapping.slot_onehot.view(num_tokens, 1, k, 1)  # [T, n, k, R]
-    offset = 0
-    for i, b in enumerate(lora_b):
-        out_features = b.shape[-1]
-        packed = _packed_weight(b, k, lambda b=b: b[:k].reshape(k * rank, out_features).t().contiguous())
-        y[:, offset:offset + out_features] += _linear(spread[:, i].reshape(num_tokens, k * rank), packed)
-        offset += out_features
+    reference.lora_expand(y, s, lora_b, mapping, _expand_add if y.dtype == torch.float32 else None)
