@@ -67,3 +67,10 @@ def test_a_context_longer_than_the_table_is_refused():
     query, k_cache, v_cache, tables, _ = make_case(1, 4, 2, 32, [20])
     with pytest.raises(RuntimeError, match="context length out of range"):
         cpu.paged_decode_attention(query, k_cache, v_cache, tables, torch.tensor([500], dtype=torch.int32), 0.2)
+
+
+def test_a_block_id_outside_the_cache_is_refused():
+    query, k_cache, v_cache, tables, lens = make_case(1, 4, 2, 32, [20])
+    tables[0, 1] = k_cache.shape[0]  # one past the last block
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        cpu.paged_decode_attention(query, k_cache, v_cache, tables, lens, 0.2)

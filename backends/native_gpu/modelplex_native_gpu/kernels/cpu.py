@@ -7,7 +7,6 @@ does with MODELPLEX_CPU_ATTENTION=torch (for A/B measurements).
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -23,6 +22,8 @@ __all__ = ["store_kvcache", "prefix_prefill_attention", "plan_decode", "paged_de
 
 logger = logging.getLogger(__name__)
 _BUILD_LOCK = threading.Lock()  # engines loading in parallel threads build (and register) it once
+_op = None
+_built = False
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "paged_decode_attention.cpp")
 
 
@@ -36,11 +37,14 @@ def _cpu_flags() -> str:
 
 def compiled_decode_op():
     """torch.ops.modelplex_cpu.paged_decode_attention, or None when it cannot be built here."""
-    with _BUILD_LOCK:
-        return _build()
+    global _op, _built
+    if not _built:  # every layer asks: no lock once it is decided
+        with _BUILD_LOCK:
+            if not _built:
+                _op, _built = _build(), True
+    return _op
 
 
-@functools.cache
 def _build():
     if os.environ.get("MODELPLEX_CPU_ATTENTION") == "torch":
         return None

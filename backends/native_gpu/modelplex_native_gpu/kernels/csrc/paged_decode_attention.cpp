@@ -183,8 +183,10 @@ template <typename scalar_t>
 void decode_one(const scalar_t* q, int64_t q_head_stride, const scalar_t* k_base, const scalar_t* v_base,
                 int64_t block_stride, int64_t token_stride, const int32_t* table, int64_t context_len,
                 int64_t block_size, int64_t group, int64_t head_dim, float scale, std::vector<float>& scores,
-                std::vector<float>& acc, std::vector<float>& qf, scalar_t* out, int64_t out_head_stride) {
+                std::vector<float>& acc, std::vector<float>& qf, std::vector<float>& inv_sum, scalar_t* out,
+                int64_t out_head_stride) {
   scores.resize(group * context_len);
+  inv_sum.resize(group);
   acc.assign(group * head_dim, 0.f);
   qf.resize(group * head_dim);
   for (int64_t g = 0; g < group; ++g)
@@ -204,7 +206,6 @@ void decode_one(const scalar_t* q, int64_t q_head_stride, const scalar_t* k_base
   }
   for (int64_t i = 0; i < kBlocksAhead; ++i) prefetch(v_base, i);  // arrives during the softmax
   // Softmax per query head (normalised at the end), then pass 2: out = sum_t p_t * v_t.
-  std::vector<float> inv_sum(group);
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores.data() + g * context_len;
     float m = -std::numeric_limits<float>::infinity();
@@ -240,22 +241,28 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_c
   const int32_t* table_ptr = tables.data_ptr<int32_t>();
   const int32_t* len_ptr = lens.data_ptr<int32_t>();
   const int64_t max_blocks = tables.size(1);
-  for (int64_t b = 0; b < batch; ++b)  // checked here: an exception must not leave the parallel region
+  const int64_t num_cache_blocks = k_cache.size(0);
+  for (int64_t b = 0; b < batch; ++b) {  // checked here: an exception must not leave the parallel region
     TORCH_CHECK(len_ptr[b] >= 1 && len_ptr[b] <= max_blocks * block_size, "context length out of range");
+    for (int64_t i = 0; i * block_size < len_ptr[b]; ++i) {
+      const int32_t id = table_ptr[b * max_blocks + i];
+      TORCH_CHECK(id >= 0 && id < num_cache_blocks, "block id out of range");
+    }
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_decode_attention", [&] {
     const scalar_t* q_ptr = query.data_ptr<scalar_t>();
     const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
     const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
     scalar_t* out_ptr = out.data_ptr<scalar_t>();
     at::parallel_for(0, batch * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores, acc, qf;
+      std::vector<float> scores, acc, qf, inv_sum;  // scratch reused by the task's sequences
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
         const int64_t len = len_ptr[b];
         decode_one<scalar_t>(q_ptr + b * query.stride(0) + h * group * query.stride(1), query.stride(1),
                              k_ptr + h * k_cache.stride(2), v_ptr + h * v_cache.stride(2), k_cache.stride(0),
                              k_cache.stride(1), table_ptr + b * max_blocks, len, block_size, group, head_dim,
-                             static_cast<float>(scale), scores, acc, qf,
+                             static_cast<float>(scale), scores, acc, qf, inv_sum,
                              out_ptr + b * num_heads * head_dim + h * group * head_dim, head_dim);
       }
     });
