@@ -3,6 +3,7 @@ entrypoint with flags the real CLI accepts, the ports the manifests use, and sou
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -69,3 +70,22 @@ def test_copied_sources_exist():
         if word == "COPY" and not rest.startswith("--from"):
             for source in rest.split()[:-1]:
                 assert (ROOT / source).exists(), source
+
+
+def test_runtime_can_build_the_native_cpu_attention_op():
+    """native_gpu compiles its CPU decode-attention op at model load: the runtime stage installs a
+    compiler exactly when that backend is in EXTRAS, and the build cache lives under /tmp, which the
+    pod mounts writable (its root filesystem is read-only)."""
+    runtime = stages()[-1]
+    install = next(rest for w, rest in runtime if w == "RUN" and "g++" in rest)
+    condition = install.split("if ", 1)[1].split("; then", 1)[0]
+    for extras, wanted in [("onnx", False), ("onnx,openvino", False), ("onnx,native_gpu", True), ("all", True)]:
+        found = subprocess.run(["bash", "-c", condition], env={"EXTRAS": extras, "PATH": "/usr/bin:/bin"}).returncode == 0
+        assert found == wanted, extras
+    env = " ".join(rest for w, rest in runtime if w == "ENV").split()
+    cache = next(item.split("=", 1)[1] for item in env if item.startswith("TORCH_EXTENSIONS_DIR="))
+    pod = yaml.safe_load((ROOT / "deploy/kubernetes/deployment.yaml").read_text())["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert any(cache.startswith(path.rstrip("/") + "/") for path in writable), (cache, writable)
