@@ -136,3 +136,6 @@ class BackendSpec:
     # the response back), so `execute` runs them in one call; for backends whose runtime takes a
     # whole batch at once (ONNX Runtime, OpenVINO).
     merges_batches: bool = False
+    # Its instances may call other models through the data plane (ensembles, BLS). A backend that
+    # never does gets a cheaper span per traced request: recorded after the fact, not made current.
+    calls_models: bool = True

@@ -8,7 +8,8 @@ A finished span is a `SpanData` tuple (marshal-able, so it can cross a pipe as i
 (trace_id, span_id, parent_span_id or 0, parent_is_remote, trace_state, name, kind, start_ns,
 end_ns, attributes, events or None, status_code, status_message, children or None). `kind` and
 `status_code` use OTLP's numbers; events are (time_ns, name, attributes). `children` are child
-spans measured after the fact (queue, compute, prefill) as (name, start_ns, end_ns, attributes):
+spans measured after the fact (queue, compute, prefill) as (name, start_ns, end_ns, attributes),
+or, from a `SpanRecord`, (name, start_ns, end_ns, attributes, status_code, status_message, children):
 they get their span ids at export (`expand_children`), which keeps them off the request path.
 """
 from __future__ import annotations
@@ -27,7 +28,31 @@ _time_ns = time.time_ns
 _new_span = object.__new__
 
 
-class Span:
+class _Phases:
+    """Children measured after the fact, for `Span` and `SpanRecord` (both have `buffer` and `children`)."""
+
+    __slots__ = ()
+
+    def phases(self, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int) -> None:
+        """`queue` and `compute` children from perf-counter timestamps already taken (call before
+        the span ends)."""
+        offset = self.buffer.clocks.perf_counter
+        phases = [("queue", enqueue_ns + offset, start_ns + offset, {}),
+                  ("compute", start_ns + offset, end_ns + offset, {"modelplex.batch_size": batch_size})]
+        if self.children is None:
+            self.children = phases
+        else:
+            self.children += phases
+
+    def backend_phases(self, phases: list[tuple[str, int, int, dict]]) -> None:
+        """A backend's own phases (`InferResponse.phases`, monotonic clock) as children."""
+        offset = self.buffer.clocks.monotonic
+        if self.children is None:
+            self.children = []
+        self.children += [(name, start + offset, end + offset, attributes) for name, start, end, attributes in phases]
+
+
+class Span(_Phases):
     """A span in progress; ending it queues its `SpanData`. A request's own: never shared across threads.
 
     `with span:` makes it the current span inside the block and ends it when the block leaves
@@ -101,23 +126,33 @@ class Span:
             self.attributes["modelplex.ttft_ms"] = elapsed_ms
         self.add_event("response", {"index": index, "elapsed_ms": elapsed_ms})
 
-    def phases(self, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int) -> None:
-        """`queue` and `compute` children from perf-counter timestamps already taken (call before
-        the span ends)."""
-        offset = self.buffer.clocks.perf_counter
-        phases = [("queue", enqueue_ns + offset, start_ns + offset, {}),
-                  ("compute", start_ns + offset, end_ns + offset, {"modelplex.batch_size": batch_size})]
-        if self.children is None:
-            self.children = phases
-        else:
-            self.children += phases
 
-    def backend_phases(self, phases: list[tuple[str, int, int, dict]]) -> None:
-        """A backend's own phases (`InferResponse.phases`, monotonic clock) as children."""
-        offset = self.buffer.clocks.monotonic
-        if self.children is None:
-            self.children = []
-        self.children += [(name, start + offset, end + offset, attributes) for name, start, end, attributes in phases]
+class SpanRecord(_Phases):
+    """The span of a model that calls no other model (`BackendSpec.calls_models`): nothing can nest
+    under it, so it is never made current and gets its id at export; leaving its `with` block adds
+    it to its parent's children. Cheaper than a `Span` on every traced request."""
+
+    __slots__ = ("buffer", "parent", "name", "attributes", "start_time", "children")
+
+    def __init__(self, parent: Span, name: str, attributes: dict):
+        self.buffer, self.parent, self.name, self.attributes = parent.buffer, parent, name, attributes
+        self.children = None
+        self.start_time = _time_ns()
+
+    def __enter__(self) -> "SpanRecord":
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        if error is not None and isinstance(error, Exception):
+            entry = (self.name, self.start_time, _time_ns(), self.attributes, STATUS_ERROR, f"{kind.__name__}: {error}",
+                     self.children)
+        else:
+            entry = (self.name, self.start_time, _time_ns(), self.attributes, STATUS_UNSET, "", self.children)
+        parent = self.parent
+        if parent.children is None:
+            parent.children = [entry]
+        else:
+            parent.children.append(entry)
 
 
 # The span the running request is in, while a sampled request runs (a context variable: ensemble
@@ -157,16 +192,25 @@ class SpanBuffer:
 
 
 def expand_children(spans: list[tuple]) -> list[tuple]:
-    """`SpanData` with children -> the spans and their children as `SpanData` of their own (13
-    fields, no children), each child with a new span id."""
+    """`SpanData` with children -> the spans and their children (and theirs) as `SpanData` of their
+    own (13 fields, no children), each child with a new span id."""
     out = []
     for s in spans:
         out.append(s[:13])
         if s[13]:
-            trace_id, span_id, trace_state, floor, ceiling = s[0], s[1], s[4], s[7], s[8]
-            for name, start, end, attributes in s[13]:
-                # Inside the parent: clocks read microseconds apart may disagree by as much.
-                start = min(max(start, floor), ceiling)
-                out.append((trace_id, _getrandbits(64) or 1, span_id, False, trace_state, name, SPAN_KIND_INTERNAL,
-                            start, min(max(end, start), ceiling), attributes, None, STATUS_UNSET, ""))
+            _expand(out, s[13], s[0], s[1], s[4], s[7], s[8])
     return out
+
+
+def _expand(out: list, children: list, trace_id: int, parent_id: int, trace_state: str, floor: int,
+            ceiling: int) -> None:
+    for child in children:
+        # Inside the parent: clocks read microseconds apart may disagree by as much.
+        start = min(max(child[1], floor), ceiling)
+        end = min(max(child[2], start), ceiling)
+        span_id = _getrandbits(64) or 1
+        recorded = len(child) > 4  # a SpanRecord's: status and children of its own
+        out.append((trace_id, span_id, parent_id, False, trace_state, child[0], SPAN_KIND_INTERNAL, start, end,
+                    child[3], None, child[4] if recorded else STATUS_UNSET, child[5] if recorded else ""))
+        if recorded and child[6]:
+            _expand(out, child[6], trace_id, span_id, trace_state, start, end)

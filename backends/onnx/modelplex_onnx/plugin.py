@@ -20,4 +20,4 @@ def _auto_complete_config(ctx: ModelContext) -> None:
 def modelplex_backends():
     return [BackendSpec(name="onnx", aliases=("onnxruntime",), platforms=("onnxruntime_onnx",),
                         default_model_filename="model.onnx", create_instance=_create_instance,
-                        auto_complete_config=_auto_complete_config, merges_batches=True)]
+                        auto_complete_config=_auto_complete_config, merges_batches=True, calls_models=False)]

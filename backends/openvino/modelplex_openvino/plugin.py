@@ -80,7 +80,7 @@ def modelplex_backends():
     # how many requests it takes (its own max_concurrency).
     return [BackendSpec(name="openvino", default_model_filename=DEFAULT_MODEL_FILENAME, create_instance=_create_instance,
                         auto_complete_config=_auto_complete_config, max_concurrency_per_instance=MAX_CONCURRENCY,
-                        merges_batches=True)]
+                        merges_batches=True, calls_models=False)]
 
 
 @hookimpl
