@@ -33,7 +33,7 @@ def test_wheel_installs_and_runs(tmp_path):
              "    mod = importlib.import_module(p)\n"
              "    assert mod.__file__.startswith(sys.prefix), (p, mod.__file__)\n"
              "import modelplex_native_gpu.kernels.cpu as cpu, os\n"  # the C++ source is built where it runs
-             "assert os.path.isfile(cpu._SOURCE), cpu._SOURCE\n"
+             "assert all(os.path.isfile(s) for s in cpu._SOURCES), cpu._SOURCES\n"
              "print(sorted(ep.name for ep in m.entry_points(group='modelplex')))\n")
     out = subprocess.run([py, "-c", probe], check=True, env=env, cwd=tmp_path, capture_output=True, text=True).stdout
     assert "onnx" in out

@@ -9,7 +9,7 @@ BLOCK_SIZE = 16
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled():
-    if cpu.compiled_decode_op() is None:
+    if cpu.compiled_ops() is None:
         pytest.fail("the CPU decode-attention op did not build (gcc and ninja are installed by `make`)")
 
 
@@ -74,3 +74,33 @@ def test_a_block_id_outside_the_cache_is_refused():
     tables[0, 1] = k_cache.shape[0]  # one past the last block
     with pytest.raises(RuntimeError, match="block id out of range"):
         cpu.paged_decode_attention(query, k_cache, v_cache, tables, lens, 0.2)
+
+
+@pytest.mark.parametrize("head_major", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_kv_store_matches_the_reference(head_major, dtype):
+    """Both cache layouts, strided sources (slices of one qkv row, as the model passes them), padded slots."""
+    g = torch.Generator().manual_seed(1)
+    num_blocks, num_kv_heads, head_dim = 8, 3, 64
+    if head_major:
+        make = lambda: torch.zeros(num_kv_heads, num_blocks, BLOCK_SIZE, head_dim, dtype=dtype).permute(1, 2, 0, 3)
+    else:
+        make = lambda: torch.zeros(num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, dtype=dtype)
+    qkv = torch.randn(5, 4 * num_kv_heads * head_dim, generator=g).to(dtype)
+    key = qkv[:, num_kv_heads * head_dim:2 * num_kv_heads * head_dim].view(5, num_kv_heads, head_dim)
+    value = qkv[:, 3 * num_kv_heads * head_dim:].view(5, num_kv_heads, head_dim)
+    slots = torch.tensor([17, -1, 0, 127, 40])
+    ours, theirs = (make(), make()), (make(), make())
+    cpu.compiled_ops().store_kvcache(key, value, *ours, slots)
+    reference.store_kvcache(key, value, *theirs, slots)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+        assert a.flatten(0, 1)[17].abs().sum() > 0 and a.flatten(0, 1)[1].abs().sum() == 0
+
+
+def test_compiled_kv_store_refuses_a_slot_outside_the_cache_and_writes_nothing():
+    k_cache, v_cache = torch.zeros(2, 4, BLOCK_SIZE, 8).permute(1, 2, 0, 3), torch.zeros(2, 4, BLOCK_SIZE, 8).permute(1, 2, 0, 3)
+    key = value = torch.ones(2, 2, 8)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        cpu.compiled_ops().store_kvcache(key, value, k_cache, v_cache, torch.tensor([3, 4 * BLOCK_SIZE]))
+    assert k_cache.abs().sum() == 0 and v_cache.abs().sum() == 0

@@ -43,7 +43,7 @@ class ModelRunner:
         else:
             from ..kernels import cpu as kernels
 
-            kernels.compiled_decode_op()  # built (first use on this machine: ~15 s) while the model loads
+            kernels.compiled_ops()  # built (first use on this machine: ~15 s) while the model loads
         self.kernels = kernels
         self.model = LlamaForCausalLM(loaded.config, kernels, max_position=cfg.max_model_len)
         unused = self.model.load_weights(loaded.weights)
@@ -53,6 +53,8 @@ class ModelRunner:
         self.model.eval()
         if can_pack(self.device, self.dtype):
             self.model.pack_linear_weights(batch_size_hint=64)
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            self.model.fused_ops = kernels.compiled_ops()  # None without a compiler: torch ops then
         self.sampler = Sampler(self.device)
         self.kv_cache: torch.Tensor | None = None
         self.num_blocks = 0

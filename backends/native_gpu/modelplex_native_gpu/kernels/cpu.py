@@ -1,7 +1,9 @@
-"""The CPU execution path: the torch reference kernels, except paged decode attention, which is a small C++ op
-(csrc/paged_decode_attention.cpp) that reads K/V in place from the paged cache instead of gathering copies.
+"""The CPU execution path: the torch reference kernels, except small C++ ops: paged decode attention
+(csrc/paged_decode_attention.cpp), which reads K/V in place from the paged cache instead of gathering
+copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, and the
+fp32 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding).
 
-The op is compiled on first use with torch.utils.cpp_extension (gcc, cached under ~/.cache/torch_extensions)
+The ops are compiled on first use with torch.utils.cpp_extension (gcc, cached under ~/.cache/torch_extensions)
 for this machine's CPU; without a compiler the engine logs why and keeps the torch reference, as it
 does with MODELPLEX_CPU_ATTENTION=torch (for A/B measurements).
 """
@@ -16,15 +18,18 @@ import torch
 
 from .reference import plan_decode as _reference_plan
 from .reference import paged_decode_attention as _reference_decode
-from .reference import prefix_prefill_attention, store_kvcache
+from .reference import prefix_prefill_attention
+from .reference import store_kvcache as _reference_store
 
-__all__ = ["store_kvcache", "prefix_prefill_attention", "plan_decode", "paged_decode_attention", "compiled_decode_op"]
+__all__ = ["store_kvcache", "prefix_prefill_attention", "plan_decode", "paged_decode_attention", "compiled_ops"]
 
 logger = logging.getLogger(__name__)
 _BUILD_LOCK = threading.Lock()  # engines loading in parallel threads build (and register) it once
-_op = None
+_ops = None
 _built = False
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "paged_decode_attention.cpp")
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_decode_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp")]
+_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 
 def _cpu_flags() -> str:
@@ -35,14 +40,14 @@ def _cpu_flags() -> str:
         return ""
 
 
-def compiled_decode_op():
-    """torch.ops.modelplex_cpu.paged_decode_attention, or None when it cannot be built here."""
-    global _op, _built
+def compiled_ops():
+    """torch.ops.modelplex_cpu (paged_decode_attention, store_kvcache), or None when they cannot be built here."""
+    global _ops, _built
     if not _built:  # every layer asks: no lock once it is decided
         with _BUILD_LOCK:
             if not _built:
-                _op, _built = _build(), True
-    return _op
+                _ops, _built = _build(), True
+    return _ops
 
 
 def _build():
@@ -50,26 +55,36 @@ def _build():
         return None
     from torch.utils import cpp_extension
 
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
-    # -march=native: the build is cached by name, so the name carries the CPU's flags (and the source).
-    tag = hashlib.sha256(source + _cpu_flags().encode()).hexdigest()[:12]
+    digest = hashlib.sha256((_cpu_flags() + " ".join(_CFLAGS)).encode())
+    for source in _SOURCES:
+        with open(source, "rb") as f:
+            digest.update(f.read())
+    # -march=native: the build is cached by name, so the name carries the CPU's flags (and the sources and cflags).
+    tag = digest.hexdigest()[:12]
     try:
-        cpp_extension.load(name=f"modelplex_cpu_attention_{tag}", sources=[_SOURCE], is_python_module=False,
-                           extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"], extra_ldflags=["-fopenmp"])
+        cpp_extension.load(name=f"modelplex_cpu_ops_{tag}", sources=_SOURCES, is_python_module=False,
+                           extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"])
     except Exception as e:  # no compiler, no ninja, a read-only cache...
-        logger.warning("CPU decode-attention op not built (%s); using the torch reference path", e)
+        logger.warning("CPU attention ops not built (%s); using the torch reference path", e)
         return None
-    return torch.ops.modelplex_cpu.paged_decode_attention
+    return torch.ops.modelplex_cpu
+
+
+def store_kvcache(key, value, k_cache, v_cache, slot_mapping) -> None:
+    ops = compiled_ops()
+    if ops is None or key.dtype != k_cache.dtype:
+        _reference_store(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        ops.store_kvcache(key, value, k_cache, v_cache, slot_mapping)
 
 
 def plan_decode(block_tables, context_lens, block_size):
     """The compiled op needs no plan; the reference groups sequences by length."""
-    return None if compiled_decode_op() is not None else _reference_plan(block_tables, context_lens, block_size)
+    return None if compiled_ops() is not None else _reference_plan(block_tables, context_lens, block_size)
 
 
 def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, plan=None):
-    op = compiled_decode_op()
-    if op is None:
+    ops = compiled_ops()
+    if ops is None:
         return _reference_decode(query, k_cache, v_cache, block_tables, context_lens, scale, plan)
-    return op(query, k_cache, v_cache, block_tables, context_lens, scale)
+    return ops.paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale)

@@ -31,15 +31,20 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, kernels)
 
-    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata):
-        qkv = self.qkv_proj(x)
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata,
+                ops=None):
+        qkv = self.qkv_proj.forward(x)
         num_tokens, qk_size = qkv.shape[0], self.q_size + self.kv_size
         # q and k heads sit side by side in qkv: one rotation covers both.
-        qk = RotaryEmbedding.apply(qkv[:, :qk_size].view(num_tokens, -1, self.head_dim), *rope)
+        qk = qkv[:, :qk_size].view(num_tokens, -1, self.head_dim)
+        if ops is None:
+            qk = RotaryEmbedding.apply(qk, *rope)
+        else:
+            ops.rotary_embedding(qk, *rope)  # in place: qkv is this step's own
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, qk_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
-        o = self.attn(q, k, v, meta)
-        return self.o_proj(o.reshape(num_tokens, self.q_size))
+        o = self.attn.forward(q, k, v, meta)
+        return self.o_proj.forward(o.reshape(num_tokens, self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -50,8 +55,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj.forward(F.silu(gate).mul_(up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -62,9 +67,16 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, rope, x, meta):
-        x = x + self.self_attn(rope, self.input_layernorm(x), meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, rope, x, residual, meta, ops=None):
+        """x: the output of the previous layer's MLP (the embeddings at the first layer, where
+        `residual` is None); the residual stream is x + residual. -> the same pair for the next layer."""
+        if residual is None:
+            x, residual = self.input_layernorm.norm(x, ops), x
+        else:
+            x, residual = self.input_layernorm.add_and_norm(x, residual, ops)
+        x = self.self_attn.forward(rope, x, meta, ops)
+        x, residual = self.post_attention_layernorm.add_and_norm(x, residual, ops)
+        return self.mlp.forward(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -82,13 +94,17 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
+        self.fused_ops = None  # kernels' fused CPU layer ops (torch.ops.modelplex_cpu), set by the runner
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary.table(positions, x.dtype)
+        # `.forward` rather than calling the modules, here and in the layers: nn.Module's call (hook
+        # checks) costs a few microseconds, ~300 times a step; these modules never carry hooks.
+        residual, ops = None, self.fused_ops
         for layer in self.layers:
-            x = layer(rope, x, meta)
-        return x
+            x, residual = layer.forward(rope, x, residual, meta, ops)
+        return x + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on the rows that sample; logits are fp32 for the sampler."""
