@@ -19,15 +19,15 @@ RUN pip install ".[${EXTRAS}]"
 
 FROM python:3.11-slim AS runtime
 ARG EXTRAS=onnx
-# native_gpu compiles its CPU decode-attention op at the first model load (-march=native, so for the
-# CPU it runs on); without a compiler it falls back to the torch path, about 2x slower to decode.
+# native_gpu compiles its CPU ops (decode attention, fused layer ops) at the first model load (-march=native,
+# so for the CPU it runs on); without a compiler it falls back to the torch path, about 2x slower to decode.
 RUN if echo ",${EXTRAS}," | grep -qE ',(all|native_gpu),'; then \
         apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*; \
     fi
 RUN groupadd --system --gid 10001 modelplex \
     && useradd --system --uid 10001 --gid modelplex --home-dir /home/modelplex --create-home modelplex
 COPY --from=builder /opt/venv /opt/venv
-# The op's build cache: /tmp is writable in the pod (an emptyDir; the root filesystem is read-only).
+# The ops' build cache: /tmp is writable in the pod (an emptyDir; the root filesystem is read-only).
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/tmp/torch_extensions
 USER 10001:10001
 WORKDIR /home/modelplex

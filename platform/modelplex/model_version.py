@@ -66,7 +66,7 @@ class ModelVersion:
         self.validator = RequestValidator(ctx.config)
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         self._span_name = f"infer {self.name}"
-        self._span_attributes = {"model": self.name, "version": self.version}  # shared by its spans
+        self._span_attributes = {"model": self.name, "version": self.version}  # shared by its spans: never changed
         self.inflight = 0
         self._idle: asyncio.Queue[ModelInstance] = asyncio.Queue()
         self._drained = asyncio.Event()
@@ -193,10 +193,10 @@ class ModelVersion:
     async def infer(self, request: InferRequest, span=None) -> InferResponse:
         # A sampled request comes back here once, inside its model span; others pay one read.
         if span is None and (parent := current_span.get()) is not None:
-            if self.spec.calls_models:  # its calls to other models nest under its span: make it current
-                with parent.child(self._span_name, self._span_attributes) as span:
-                    return await self.infer(request, span)
-            with SpanRecord(parent, self._span_name, self._span_attributes) as span:
+            # A model that calls others gets a live span they nest under; any other, a cheaper record.
+            span = (parent.child(self._span_name, self._span_attributes) if self.spec.calls_models
+                    else SpanRecord(parent, self._span_name, self._span_attributes))
+            with span:
                 return await self.infer(request, span)
         if self.batcher is not None:
             return await self._infer_batched(request, span)

@@ -41,7 +41,7 @@ def _cpu_flags() -> str:
 
 
 def compiled_ops():
-    """torch.ops.modelplex_cpu (paged_decode_attention, store_kvcache), or None when they cannot be built here."""
+    """torch.ops.modelplex_cpu (decode attention, K/V store, fused layer ops), or None when they cannot be built here."""
     global _ops, _built
     if not _built:  # every layer asks: no lock once it is decided
         with _BUILD_LOCK:
@@ -65,7 +65,7 @@ def _build():
         cpp_extension.load(name=f"modelplex_cpu_ops_{tag}", sources=_SOURCES, is_python_module=False,
                            extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"])
     except Exception as e:  # no compiler, no ninja, a read-only cache...
-        logger.warning("CPU attention ops not built (%s); using the torch reference path", e)
+        logger.warning("CPU ops not built (%s); using the torch reference path", e)
         return None
     return torch.ops.modelplex_cpu
 
