@@ -8,9 +8,11 @@ A finished span is a `SpanData` tuple (marshal-able, so it can cross a pipe as i
 (trace_id, span_id, parent_span_id or 0, parent_is_remote, trace_state, name, kind, start_ns,
 end_ns, attributes, events or None, status_code, status_message, children or None). `kind` and
 `status_code` use OTLP's numbers; events are (time_ns, name, attributes). `children` are child
-spans measured after the fact (queue, compute, prefill) as (name, start_ns, end_ns, attributes),
-or, from a `SpanRecord`, (name, start_ns, end_ns, attributes, status_code, status_message, children):
-they get their span ids at export (`expand_children`), which keeps them off the request path.
+spans measured after the fact (a backend's prefill) as (name, start_ns, end_ns, attributes); the
+queue and compute pair as one (None, enqueue_ns, start_ns, end_ns, batch_size); from a `SpanRecord`,
+(name, start_ns, end_ns, attributes, status_code, status_message, children). They get their span
+ids and attribute dicts at export (`expand_children`): what a request leaves in the buffer until
+then stays small (on `simple` over HTTP, every retained kilobyte showed in the request's own time).
 """
 from __future__ import annotations
 
@@ -37,12 +39,11 @@ class _Phases:
         """`queue` and `compute` children from perf-counter timestamps already taken (call before
         the span ends)."""
         offset = self.buffer.clocks.perf_counter
-        phases = [("queue", enqueue_ns + offset, start_ns + offset, {}),
-                  ("compute", start_ns + offset, end_ns + offset, {"modelplex.batch_size": batch_size})]
+        entry = (None, enqueue_ns + offset, start_ns + offset, end_ns + offset, batch_size)
         if self.children is None:
-            self.children = phases
+            self.children = [entry]
         else:
-            self.children += phases
+            self.children.append(entry)
 
     def backend_phases(self, phases: list[tuple[str, int, int, dict]]) -> None:
         """A backend's own phases (`InferResponse.phases`, monotonic clock) as children."""
@@ -205,6 +206,11 @@ def expand_children(spans: list[tuple]) -> list[tuple]:
 def _expand(out: list, children: list, trace_id: int, parent_id: int, trace_state: str, floor: int,
             ceiling: int) -> None:
     for child in children:
+        if child[0] is None:  # the queue and compute pair
+            _, enqueue, start, end, batch_size = child
+            _expand(out, (("queue", enqueue, start, {}), ("compute", start, end, {"modelplex.batch_size": batch_size})),
+                    trace_id, parent_id, trace_state, floor, ceiling)
+            continue
         # Inside the parent: clocks read microseconds apart may disagree by as much.
         start = min(max(child[1], floor), ceiling)
         end = min(max(child[2], start), ceiling)

@@ -155,3 +155,26 @@ def test_python_bls_calls_join_the_callers_trace(tmp_path):
     assert {format(s.context.trace_id, "032x") for s in spans.values()} == {TRACE_ID}
     assert spans["infer add_sub"].parent.span_id == spans["infer bls_sync"].context.span_id
     assert spans["infer bls_sync"].parent.span_id == spans["POST /v2/models/bls_sync/infer"].context.span_id
+
+
+def test_http_server_spans_carry_each_answers_status(ensemble_repo):
+    """Server spans share their attribute dicts per path: a 400 or 404 answer gets its own status and
+    leaves the 200 answers' untouched; a server error would mark the span as an error."""
+    good = infer_body()
+    bad = {"inputs": [{**good["inputs"][0], "shape": [1, 15], "data": A[:15].tolist()}, good["inputs"][1]]}
+
+    async def main():
+        async with traced_server(ensemble_repo, ON) as (server, exporter):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.ports['http']}") as client:
+                for path, body, status in [("simple", good, 200), ("simple", bad, 400), ("simple", good, 200),
+                                           ("nope", good, 404)]:
+                    r = await client.post(f"/v2/models/{path}/infer", json=body)
+                    assert r.status_code == status, r.text
+            server.dataplane.tracing.flush()
+            return exporter.get_finished_spans()
+
+    roots = sorted((s for s in asyncio.run(main()) if s.name.startswith("POST")), key=lambda s: s.start_time)
+    assert [(s.name, s.attributes["http.response.status_code"], s.status.is_ok) for s in roots] == [
+        ("POST /v2/models/simple/infer", 200, True), ("POST /v2/models/simple/infer", 400, True),
+        ("POST /v2/models/simple/infer", 200, True), ("POST /v2/models/nope/infer", 404, True)]
+    assert all(s.attributes["model"] == s.name.split("/")[3] for s in roots)

@@ -12,7 +12,7 @@ import re
 from ..dataplane import DataPlane
 from ..errors import ModelplexError
 from ..settings import ServerConfig
-from ..trace_spans import STATUS_ERROR
+from ..trace_spans import STATUS_ERROR, current_span
 from ..tracing import Tracing
 from .body import ClientGone, compress, parse_length, read_body, response_encoding
 from .codec import decode_request, encode_error, encode_response
@@ -25,6 +25,7 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 _BINARY_TYPE = (b"content-type", b"application/octet-stream")
 _WANTED = {b"content-length", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
 _TRACE_CONTEXT = frozenset((b"traceparent", b"tracestate"))
+_MAX_SHARED_SPAN_FIELDS = 1024
 
 
 class InferEndpoint:
@@ -32,9 +33,10 @@ class InferEndpoint:
         self.dataplane = dataplane
         self.max_body_bytes = settings.http_max_body_bytes
         self.limits = settings.tensor_limits
+        self._span_fields: dict[str, tuple[str, dict, dict]] = {}
 
-    async def __call__(self, scope, receive, send, model: str, version: str | None, span=None) -> None:
-        """`span`: the request's server span when it is traced (it gets the response status)."""
+    async def __call__(self, scope, receive, send, model: str, version: str | None) -> int | None:
+        """Answers the request; returns the status sent (None: the client went away first)."""
         headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in _WANTED}
         try:
             body = await read_body(receive, headers.get(b"content-length"), headers.get(b"content-encoding"),
@@ -42,7 +44,7 @@ class InferEndpoint:
             response_headers, payload = await self._infer(body, headers, model, version or "")
             status = 200
         except ClientGone:
-            return
+            return None
         except ModelplexError as e:
             status, response_headers, payload = e.status, list(_JSON_HEADERS), encode_error(e.message)
             seconds = retry_after(e)
@@ -51,18 +53,37 @@ class InferEndpoint:
         except Exception as e:  # noqa: BLE001 - one bad request must not take the connection down
             log.exception("infer on model %s failed", model)
             status, response_headers, payload = 500, list(_JSON_HEADERS), encode_error(f"internal error: {e}")
-        if span is not None:
-            span.attributes["http.response.status_code"] = status
-            if status >= 500:
-                span.set_status(STATUS_ERROR)
         await respond(send, status, response_headers, payload)
+        return status
 
     async def traced(self, tracing: Tracing, scope, receive, send, model: str, version: str | None) -> None:
         """`__call__` inside the server span of a sampled request."""
         carrier = {k.decode(): v.decode("latin-1") for k, v in scope["headers"] if k in _TRACE_CONTEXT}
-        attributes = {"http.request.method": "POST", "url.path": scope["path"], "model": model}
-        with tracing.request_span(f"POST {scope['path']}", carrier, attributes) as span:
-            await self(scope, receive, send, model, version, span)
+        fields = self._span_fields.get(scope["path"]) or self._new_span_fields(scope["path"], model)
+        span = tracing.request_span(fields[0], carrier, fields[1])
+        token = current_span.set(span)  # what `with span:` does, in line: this runs on every traced request
+        status = None
+        try:
+            status = await self(scope, receive, send, model, version)
+        finally:  # `self` answers every error itself; a cancelled request's span ends without a status
+            current_span.reset(token)
+            if status == 200:
+                span.attributes = fields[2]
+            elif status is not None:
+                span.attributes = {**fields[1], "http.response.status_code": status}
+                if status >= 500:
+                    span.set_status(STATUS_ERROR)
+            span.end()
+
+    def _new_span_fields(self, path: str, model: str) -> tuple[str, dict, dict]:
+        """A path's server span name, attributes, and attributes once answered 200. Shared by every
+        request on the path (never changed): nothing is built per request, and what waits for export
+        stays small (see `trace_spans`). At most `_MAX_SHARED_SPAN_FIELDS` paths: clients choose them."""
+        attributes = {"http.request.method": "POST", "url.path": path, "model": model}
+        fields = (f"POST {path}", attributes, {**attributes, "http.response.status_code": 200})
+        if len(self._span_fields) < _MAX_SHARED_SPAN_FIELDS:
+            self._span_fields[path] = fields
+        return fields
 
     async def refuse_method(self, scope, send) -> None:
         payload = encode_error(f"Method Not Allowed: {scope['method']} {scope['path']}")
