@@ -12,7 +12,8 @@ import torch
 
 from ..errors import InvalidConfigError
 from ..layers.attention import AttentionMetadata
-from ..layers.linear import can_pack
+from ..layers.linear import Linear, can_pack
+from ..layers.norm import RMSNorm
 from ..loader import LoadedWeights
 from ..models.llama import LlamaForCausalLM
 from .sampler import Sampler, SamplerOutput
@@ -67,7 +68,16 @@ class ModelRunner:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in {id(p): p for p in self.model.parameters()}.values())
+        """Bytes of weights a decode step reads: each linear's (its packed copy where packed), the
+        norms'; the embedding only as a tied LM head (a step reads a few of its rows otherwise)."""
+        tensors = {}
+        for module in self.model.modules():
+            if isinstance(module, Linear):
+                weight = module.weight if module.packed_weight is None else module.packed_weight
+                tensors[id(weight)] = weight
+            elif isinstance(module, RMSNorm):
+                tensors[id(module.weight)] = module.weight
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def allocate_kv_cache(self, memory_bytes: int) -> int:
         """Allocate as many blocks as fit in `memory_bytes` (block 0 is the null block)."""

@@ -24,9 +24,13 @@ class Linear(nn.Module):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
-    def pack(self, batch_size_hint: int):
-        """Keep a copy of the weight in oneDNN's blocked layout for CPU matmuls."""
+    def pack(self, batch_size_hint: int, keep_weight: bool = False):
+        """Hold the weight in oneDNN's blocked layout for CPU matmuls. The plain copy is dropped
+        (`weight` becomes None: the model's memory is not twice its weights) unless `keep_weight`:
+        something else reads it (a tied embedding)."""
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch_size_hint)
+        if not keep_weight:
+            self.weight = None
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:

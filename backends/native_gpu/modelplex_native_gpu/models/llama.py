@@ -113,7 +113,7 @@ class LlamaForCausalLM(nn.Module):
     def pack_linear_weights(self, batch_size_hint: int):
         for module in self.modules():
             if isinstance(module, Linear):
-                module.pack(batch_size_hint)
+                module.pack(batch_size_hint, keep_weight=module.weight is self.embed_tokens)
 
     def load_weights(self, weights: dict[str, torch.Tensor]):
         """Copy HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...) into the fused parameters."""
