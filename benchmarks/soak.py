@@ -311,13 +311,15 @@ def report(rec: Recorder, rss: list, meta: dict) -> tuple[str, dict]:
     kinds = sorted({k for k, _ in rec.latencies})
     minutes = sorted({m for _, m in rec.latencies})
     warm = meta["warmup_secs"]
-    early = statistics.median([mb for t, mb in rss if 60 <= t < 90] or [float("nan")])
+    first_reload = meta["first_llm_reload"]
+    early = statistics.median([mb for t, mb in rss if first_reload - 30 <= t < first_reload] or [float("nan")])
     after = [mb for t, mb in rss if t >= warm]
     first = statistics.median(after[:6]) if after else float("nan")
     last = statistics.median(after[-6:]) if after else float("nan")
     growth = (last - first) / first * 100 if after else float("nan")
     unexpected = sum(n for (k, outcome), n in rec.outcomes.items() if outcome == "unexpected")
-    summary = {"unexpected_errors": unexpected, "rss_at_60s_mb": early, "rss_after_warmup_mb": first, "rss_end_mb": last,
+    summary = {"unexpected_errors": unexpected, "rss_before_llm_reloads_mb": early, "rss_after_warmup_mb": first,
+               "rss_end_mb": last,
                "rss_growth_pct": growth,
                "outcomes": {f"{k} | {o}": n for (k, o), n in sorted(rec.outcomes.items())},
                "p99_ms": {k: {m: percentile(rec.latencies[(k, m)], 0.99) for m in minutes if rec.latencies[(k, m)]}
@@ -330,8 +332,8 @@ def report(rec: Recorder, rss: list, meta: dict) -> tuple[str, dict]:
              f"Adapters swapped: {meta['adapters']}. No reload or unload starts in the last {meta['quiet_secs']:.0f} s "
              "(traffic goes on), so the end measures memory at rest.", "",
              f"**Unexpected errors: {unexpected}.** RSS after the {warm:.0f} s warm-up {first:.0f} MB, at the end "
-             f"{last:.0f} MB: **{growth:+.1f}%** ({last - first:+.0f} MB; goal < 5%). At 60 s, before any LLM "
-             f"reload: {early:.0f} MB (end {(last - early) / early * 100:+.1f}%).", "",
+             f"{last:.0f} MB: **{growth:+.1f}%** ({last - first:+.0f} MB; goal < 5%). In the 30 s before the first "
+             f"LLM reload: {early:.0f} MB (end {(last - early) / early * 100:+.1f}%).", "",
              "## Outcomes", "", "| traffic | outcome | count |", "|---|---|---|"]
     lines += [f"| {k} | {o} | {n} |" for (k, o), n in sorted(rec.outcomes.items())]
     lines += ["", "## Latency per minute (ms, p50 / p99, ok answers)", "",
@@ -437,6 +439,7 @@ def main() -> None:
             "minutes": args.minutes, "machine": f"{cpu_model()}, shared, CPU only",
             "load": (load_before, os.getloadavg()[1]), "warmup_secs": args.warmup_secs, "adapters": adapters,
             "warmup_reloads": ", ".join(f"{t:.0f}" for t in llm_reloads(args)[:args.warmup_llm_reloads]),
+            "first_llm_reload": (llm_reloads(args) or [float("inf")])[0],
             "quiet_secs": args.quiet_secs,
             "threads": f"simple {args.simple_threads}, {CYCLED} {args.cycled_threads}, minilm {args.minilm_threads}, "
                        f"LLM streams {args.llm_threads}"}
