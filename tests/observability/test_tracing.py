@@ -159,7 +159,7 @@ def test_python_bls_calls_join_the_callers_trace(tmp_path):
 
 def test_http_server_spans_carry_each_answers_status(ensemble_repo):
     """Server spans share their attribute dicts per path: a 400 or 404 answer gets its own status and
-    leaves the 200 answers' untouched; a server error would mark the span as an error."""
+    leaves the 200 answers' untouched; neither is an error span (only a 5xx is)."""
     good = infer_body()
     bad = {"inputs": [{**good["inputs"][0], "shape": [1, 15], "data": A[:15].tolist()}, good["inputs"][1]]}
 
