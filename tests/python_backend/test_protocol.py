@@ -97,3 +97,34 @@ def test_tensors_cross_to_torch_and_back_through_dlpack():
     assert torch.equal(torch.utils.dlpack.from_dlpack(tensor.to_dlpack()), torch.from_dlpack(tensor))
     back = pb_utils.Tensor.from_dlpack("y", torch.ones(2, dtype=torch.int64))
     assert back.name() == "y" and back.as_numpy().tolist() == [1, 1] and back.triton_dtype() == 9
+
+
+def test_a_peer_that_closes_with_frames_unread_is_a_closed_channel(tmp_path):
+    """Closing a socket with data still unread on its side resets the connection (ECONNRESET, not
+    EOF). A worker whose server went away like that used to stay alive as an orphan: its reader
+    thread died on the reset instead of ending the process."""
+    import subprocess
+    import sys
+
+    left, right = socket.socketpair()
+    Channel(left).send({"op": "x"}, [])
+    right.close()  # the frame is still in its receive queue
+    with pytest.raises(ChannelClosed, match="closed the channel"):
+        Channel(left).receive()
+
+    # A real worker: the server end sends init and closes without reading the worker's "ready".
+    model_file = tmp_path / "model.py"
+    model_file.write_text("class TritonPythonModel:\n    def execute(self, requests):\n        return []\n")
+    server_sock, worker_sock = socket.socketpair()
+    worker = subprocess.Popen([sys.executable, "-m", "modelplex_python.worker", str(worker_sock.fileno())],
+                              pass_fds=[worker_sock.fileno()], stdin=subprocess.DEVNULL)
+    worker_sock.close()
+    try:
+        Channel(server_sock).send({"op": "init", "model_file": str(model_file), "decoupled": False, "args": {}}, [])
+        server_sock.settimeout(30)
+        assert server_sock.recv(1, socket.MSG_PEEK)  # "ready" is waiting, unread
+        server_sock.close()
+        assert worker.wait(timeout=10) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()

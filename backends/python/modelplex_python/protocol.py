@@ -102,7 +102,10 @@ class Channel:
         data = bytearray(size)
         view, got = memoryview(data), 0
         while got < size:
-            n = self.sock.recv_into(view[got:])
+            try:
+                n = self.sock.recv_into(view[got:])
+            except ConnectionError as e:  # closed with our frames still unread on its side: a reset, not EOF
+                raise ChannelClosed(f"the other end closed the channel ({e})") from e
             if n == 0:
                 raise ChannelClosed("the other end closed the channel")
             got += n
