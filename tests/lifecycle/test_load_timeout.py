@@ -63,3 +63,25 @@ def test_a_hanging_load_times_out_with_a_reason_and_the_server_keeps_serving(rep
         client.unload_model("echo")
         client.load_model("echo")  # loading still works while the hung one is abandoned
         assert echo(client) == 7
+        workers = _children(s.proc.pid)
+        assert len(workers) == 2  # echo's, and the one still in the hung initialize
+    # The hung worker goes with the server (it used to outlive it, orphaned, until its sleep ended).
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if _alive(pid)]
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False

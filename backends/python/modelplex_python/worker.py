@@ -95,6 +95,9 @@ class Worker:
                 self.channel.send({"op": "config", "config": self._auto_complete(model_class, header["config"])})
                 return
             self.decoupled = header["decoupled"]
+            # Reading from here on: a server that goes away while `initialize` hangs ends this process
+            # (nothing else arrives before "ready"; the reader ends the process when the channel closes).
+            threading.Thread(target=self._read, name="modelplex-reader", daemon=True).start()
             self.model = model_class()
             if hasattr(self.model, "initialize"):
                 self.model.initialize(header["args"])
@@ -105,7 +108,6 @@ class Worker:
             self.channel.send({"op": "init_error", "message": describe(e)})
             return
         self.channel.send({"op": "ready"})
-        threading.Thread(target=self._read, name="modelplex-reader", daemon=True).start()
         while True:
             header, buffers = self.inbox.get()
             if header["op"] == "finalize":
