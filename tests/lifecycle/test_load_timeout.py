@@ -3,6 +3,7 @@ keeps serving the others (and can still load more) meanwhile."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,14 +74,10 @@ def test_a_hanging_load_times_out_with_a_reason_and_the_server_keeps_serving(rep
 
 
 def _children(pid: int) -> list[int]:
-    from pathlib import Path
-
     return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
 
 
 def _alive(pid: int) -> bool:
-    from pathlib import Path
-
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
     except FileNotFoundError:
