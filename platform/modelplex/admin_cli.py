@@ -245,7 +245,7 @@ def _log_value(key: str, value: str):
     """Triton's log settings are booleans (log_info...), an integer (log_verbose_level) or strings."""
     if value in ("true", "false"):
         return value == "true"
-    return int(value) if value.isdigit() else value
+    return int(value) if value.isascii() and value.isdigit() else value
 
 
 def _trace(client: httpx.Client, args) -> int:

@@ -59,7 +59,7 @@ class ModelManager:
             # No repository scan here: this path is reachable by any client, as often as it likes.
             raise NotFound(f"model '{name}' is not found" if entry is None else f"model '{name}' is not ready")
         if version:
-            if not version.isdigit():
+            if not (version.isascii() and version.isdigit()):  # isdigit alone passes '²'
                 raise InvalidInput(f"invalid model version '{version}'")
             mv = entry.versions.get(int(version))
             if mv is None:

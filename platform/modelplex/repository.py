@@ -48,7 +48,7 @@ class ModelLocation:
         """Numbered version folders (Triton ignores anything else, including `0`-prefixed names)."""
         found = []
         for entry in os.scandir(self.path):
-            if entry.is_dir() and entry.name.isdigit() and (entry.name == "0" or not entry.name.startswith("0")):
+            if entry.is_dir() and entry.name.isascii() and entry.name.isdigit() and (entry.name == "0" or not entry.name.startswith("0")):
                 found.append(int(entry.name))
         return sorted(found)
 

@@ -75,6 +75,8 @@ BAD = [
     ("unknown model", "/v2/models/nope/infer", orjson.dumps(GOOD), {}, 404, "model 'nope' is not found"),
     ("unknown version", "/v2/models/simple/versions/3/infer", orjson.dumps(GOOD), {}, 404,
      "model 'simple' version 3 is not found"),
+    ("non-ASCII digit as the version", "/v2/models/simple/versions/\u00b2/infer", orjson.dumps(GOOD), {}, 400,
+     "invalid model version '\u00b2'"),
     ("unknown encoding", "/v2/models/simple/infer", orjson.dumps(GOOD), {"Content-Encoding": "br"}, 400,
      "unsupported Content-Encoding 'br': use gzip, deflate or identity"),
     ("broken gzip", "/v2/models/simple/infer", orjson.dumps(GOOD), {"Content-Encoding": "gzip"}, 400,
@@ -103,6 +105,14 @@ def test_bad_request_is_refused_and_the_server_keeps_serving(http, path, body, h
     assert response.status_code == status and response.json()["error"].startswith(message), response.text
     assert response.headers["content-type"] == "application/json"
     assert_good_request_works(http)
+
+
+@pytest.mark.parametrize("path", ["/v2/models/simple/versions/\u00b2", "/v2/models/simple/versions/\u00b2/ready",
+                                  "/v2/models/simple/versions/\u00b2/config"])
+def test_non_ascii_digit_version_in_a_get_is_refused(http, path):
+    # str.isdigit() passes '\u00b2' (superscript two), which int() refuses: was a 500 (found by schemathesis)
+    response = http.get(path)
+    assert (response.status_code, response.json()) == (400, {"error": "invalid model version '\u00b2'"})
 
 
 def test_streamed_body_over_the_limit_is_cut_off(http):

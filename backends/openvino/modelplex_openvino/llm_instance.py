@@ -47,7 +47,8 @@ def _integer(parameters: dict, key: str, default: int, minimum: int) -> int:
     value = parameters.get(key, "").strip()
     if not value:
         return default
-    if not value.lstrip("-").isdigit() or int(value) < minimum:
+    digits = value.lstrip("-")
+    if not (digits.isascii() and digits.isdigit()) or int(value) < minimum:
         raise InvalidInput(f"parameter '{key}' must be an integer >= {minimum}, got {value!r}")
     return int(value)
 

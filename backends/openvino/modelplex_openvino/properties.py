@@ -65,13 +65,13 @@ def compile_properties(ctx: ModelContext) -> dict[str, str]:
         properties["PERFORMANCE_HINT"] = hint
     name, streams = _first(parameters, STREAMS_PARAMETERS)
     if streams:
-        if streams.upper() not in ("AUTO", "NUMA") and not streams.isdigit():
+        if streams.upper() not in ("AUTO", "NUMA") and not (streams.isascii() and streams.isdigit()):
             raise InvalidInput(f"parameter '{name}' must be AUTO, NUMA or a number of streams, got {streams!r}")
         properties["NUM_STREAMS"] = streams.upper()
     for key, names in INTEGER_PARAMETERS.items():
         name, value = _first(parameters, names)
         if value:
-            if not value.isdigit():
+            if not (value.isascii() and value.isdigit()):
                 raise InvalidInput(f"parameter '{name}' must be a non-negative integer, got {value!r}")
             properties[key] = value
     if precision := inference_precision(parameters):
