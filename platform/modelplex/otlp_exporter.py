@@ -18,7 +18,6 @@ import time
 from urllib.parse import unquote, urlsplit
 
 from .otlp_encoding import SpanEncoder
-from .trace_spans import expand_children
 
 LOG_EVERY_S = 60.0
 
@@ -120,9 +119,9 @@ def main(argv=None) -> int:
         payload = read_exactly(stdin, int.from_bytes(header, "little"))
         if not payload:
             break
-        spans = expand_children(marshal.loads(payload))
+        spans = encoder.span_fields(marshal.loads(payload))
         for i in range(0, len(spans), args.max_export_batch_size):
-            poster.post(encoder.encode(spans[i:i + args.max_export_batch_size]))
+            poster.post(encoder.request(spans[i:i + args.max_export_batch_size]))
     return 0
 
 
