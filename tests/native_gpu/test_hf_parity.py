@@ -81,7 +81,7 @@ def test_greedy_matches_hf_batched(make_engine, prompts, hf_outputs):
 
 
 def test_greedy_matches_hf_with_chunked_prefill(make_engine, prompts, hf_outputs):
-    engine = make_engine(max_num_batched_tokens=24, enable_prefix_caching=False)
+    engine = make_engine(max_num_batched_tokens=24)
     assert engine_greedy(engine, prompts) == hf_outputs
     assert_no_leak(engine)
 
@@ -100,10 +100,25 @@ def test_shared_prefix_served_from_prefix_cache(make_engine, tokenizer, hf_model
     assert_no_leak(engine)
 
 
+def test_greedy_matches_hf_with_64_token_blocks(make_engine, tokenizer, hf_model, prompts, hf_outputs):
+    """The block size suggested for CPU throughput: batched, chunks of 40 tokens crossing block
+    boundaries, and a second request served from a cached 64-token block."""
+    engine = make_engine(block_size=64, max_num_batched_tokens=40)
+    assert engine_greedy(engine, prompts) == hf_outputs
+    long_system = " ".join([SYSTEM] * 2)
+    shared = [chat_ids(tokenizer, q, long_system) for q in QUESTIONS[:2]]
+    assert len(chat_ids(tokenizer, "", long_system)) > 64
+    hits_before = engine.kv_cache_manager.num_prefix_hits
+    assert engine_greedy(engine, shared[:1]) + engine_greedy(engine, shared[1:]) == [hf_greedy(hf_model, ids)
+                                                                                     for ids in shared]
+    assert engine.kv_cache_manager.num_prefix_hits - hits_before >= 64
+    assert_no_leak(engine)
+
+
 def test_greedy_matches_hf_after_forced_preemption(make_engine, prompts, hf_outputs, loaded_weights):
     # Room for 9 usable blocks: four requests of 3-4 blocks cannot all decode at once.
     runner_bytes = 2 * 30 * 16 * 3 * 64 * 4  # bytes per block: K+V, 30 layers, 16 slots, 3 heads, dim 64, fp32
-    engine = make_engine(kv_cache_memory_bytes=10 * runner_bytes, max_model_len=128, enable_prefix_caching=False)
+    engine = make_engine(kv_cache_memory_bytes=10 * runner_bytes, max_model_len=128)
     assert engine.runner.bytes_per_block == runner_bytes
     assert engine_greedy(engine, prompts[:4]) == hf_outputs[:4]
     assert engine.scheduler.num_preemptions > 0
