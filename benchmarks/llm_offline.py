@@ -149,7 +149,7 @@ def parse_args():
     p.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR", "/tmp/peers"))
     p.add_argument("--kv-gib", type=float, default=1.0, help="our KV-cache budget")
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens (the engine's default: 16)")
+    p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens (the engine's: 16)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's (256 on CPU)")
     p.add_argument("--single-requests", type=int, default=4, help="single-stream requests per run")
     p.add_argument("--peer-run-timeout", type=float, default=3600.0, help="seconds a peer may take to start, and to finish one run, before it counts as failed")

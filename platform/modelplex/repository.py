@@ -48,8 +48,9 @@ class ModelLocation:
         """Numbered version folders (Triton ignores anything else, including `0`-prefixed names)."""
         found = []
         for entry in os.scandir(self.path):
-            if entry.is_dir() and entry.name.isascii() and entry.name.isdigit() and (entry.name == "0" or not entry.name.startswith("0")):
-                found.append(int(entry.name))
+            name = entry.name
+            if entry.is_dir() and name.isascii() and name.isdigit() and (name == "0" or not name.startswith("0")):
+                found.append(int(name))
         return sorted(found)
 
     def fingerprint(self, version: int | None = None) -> str:
