@@ -2,7 +2,7 @@
 
 A span costs a few microseconds: ids from `random`, wall-clock nanoseconds, one context-variable
 set while it is current, and, when it ends, one tuple appended to a deque. Nothing here encodes,
-locks or calls OpenTelemetry: the export thread (`trace_export`) takes the tuples in bulk.
+locks or calls OpenTelemetry: the export (`trace_export`) takes the tuples in bulk.
 
 A finished span is a `SpanData` tuple (marshal-able, so it can cross a pipe as is):
 (trace_id, span_id, parent_span_id or 0, parent_is_remote, trace_state, name, kind, start_ns,
@@ -18,7 +18,6 @@ same spans dropped at once.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import deque
 from contextvars import ContextVar
@@ -95,8 +94,8 @@ class Span(_Phases):
         spans.append((self.trace_id, self.span_id, self.parent_id, self.parent_is_remote, self.trace_state, self.name,
                       self.kind, self.start_time, _time_ns(), self.attributes, self.events, self.status_code,
                       self.status_message, self.children))
-        if n + 1 == buffer.batch_size:
-            buffer.batch_ready.set()
+        if n == 0 or n + 1 == buffer.batch_size:
+            buffer.notify(n + 1)
 
     def child(self, name: str, attributes: dict) -> "Span":
         """A new span under this one (enter it to make it current)."""
@@ -165,8 +164,9 @@ current_span: ContextVar[Span | None] = ContextVar("modelplex_current_span", def
 
 class ClockOffsets:
     """Nanoseconds to add to `perf_counter_ns` / `monotonic_ns` readings (what the request path
-    measures) to get wall-clock time (what OTLP carries). Read often, refreshed by the export
-    thread at least every second: the clocks drift apart slowly (NTP slews the wall clock)."""
+    measures) to get wall-clock time (what OTLP carries). Read often, refreshed by the export when
+    a batch starts and after each send: the clocks drift apart slowly (NTP slews the wall clock), and
+    a phase measured with an offset gone stale over a long idle time is still clamped into its parent."""
 
     def __init__(self):
         self.refresh()
@@ -177,18 +177,21 @@ class ClockOffsets:
 
 
 class SpanBuffer:
-    """Finished spans waiting for the export thread: at most `max_size`; beyond that a span is
-    dropped and counted (a slow export never makes a request wait or grow memory)."""
+    """Finished spans waiting for export: at most `max_size`; beyond that a span is dropped and
+    counted (a slow export never makes a request wait or grow memory)."""
 
     def __init__(self, max_size: int, batch_size: int):
         self.max_size, self.batch_size = max_size, batch_size
         self.spans: deque[tuple] = deque()
         self.num_dropped = 0
-        self.batch_ready = threading.Event()  # set when a full export batch is waiting
         self.clocks = ClockOffsets()
 
+    def notify(self, count: int) -> None:
+        """Called with the number of spans waiting when the first one of a batch arrives (1) and
+        when a full batch waits (`batch_size`); the export replaces it."""
+
     def take(self, limit: int) -> list[tuple]:
-        """Up to `limit` spans, oldest first (deque.popleft is atomic: requests may append meanwhile)."""
+        """Up to `limit` spans, oldest first."""
         spans = self.spans
         return [spans.popleft() for _ in range(min(limit, len(spans)))]
 

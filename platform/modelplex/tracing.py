@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import InvalidInput
-from .trace_export import ExporterProcess, ExportThread, SdkExporterSink
+from .trace_export import ExporterProcess, LoopExport, SdkExporterSink
 from .trace_spans import SPAN_KIND_SERVER, Span, SpanBuffer, current_span
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class Tracing:
         self._models: dict[str, dict] = {}  # model -> its overridden settings
         self._samplers: dict[str, _Sampler] = {}
         self._buffer: SpanBuffer | None = None
-        self._export: ExportThread | None = None
+        self._export: LoopExport | None = None
         self.enabled = False
         self._refresh()
 
@@ -172,7 +172,7 @@ class Tracing:
             sink = ExporterProcess(c.url, c.resource, batch_size)
         else:
             sink = SdkExporterSink(self._exporter, c.resource)
-        self._export = ExportThread(self._buffer, sink, c.bsp_schedule_delay_ms / 1000, batch_size)
+        self._export = LoopExport(self._buffer, sink, c.bsp_schedule_delay_ms / 1000, batch_size)
         log.info("tracing on: OTLP export to %s", c.url if self._exporter is None else "the given exporter")
 
     @property

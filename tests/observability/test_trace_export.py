@@ -118,3 +118,42 @@ def test_bad_trace_config_is_a_usage_error():
         proc = subprocess.run([sys.executable, "-m", "modelplex", "serve", "--model-repository", "/nonexistent",
                                "--trace-config", flag], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and message in proc.stderr, (flag, proc.stderr)
+
+
+def test_the_event_loop_sends_full_batches_at_once_and_the_rest_after_the_delay(ensemble_repo):
+    """No flush by hand: a full export batch leaves on the loop's next turn, a partial one after
+    `bsp_schedule_delay`, and no thread is started for it (a thread woken for every batch fights
+    the event loop for the GIL: ~8 µs a traced request, benchmarks/results/observability.md)."""
+    import asyncio
+
+    from inprocess import traced_server
+
+    from modelplex.tracing import TraceConfig
+
+    config = TraceConfig(level="OFF", rate=1, bsp_max_export_batch_size=3, bsp_schedule_delay_ms=300)
+
+    async def main():
+        async with traced_server(ensemble_repo, config) as (server, exporter):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.ports['http']}") as client:
+                async def infer():
+                    assert (await client.post("/v2/models/simple/infer", json=BODY)).status_code == 200
+
+                await infer()  # untraced: whatever threads serving starts, it has started
+                threads = {t.ident for t in threading.enumerate()}
+                r = await client.post("/v2/trace/setting", json={"trace_level": ["TIMESTAMPS"]})
+                assert r.status_code == 200, r.text
+                for _ in range(2):
+                    await infer()
+                await asyncio.sleep(0.05)
+                assert exporter.get_finished_spans() == ()  # a batch is 3 requests' spans; the delay has not passed
+                await infer()
+                await asyncio.sleep(0.05)
+                assert len(exporter.get_finished_spans()) == 12  # 3 x (server, model, queue, compute)
+                await infer()
+                await asyncio.sleep(0.05)
+                assert len(exporter.get_finished_spans()) == 12
+                await asyncio.sleep(0.4)
+                assert len(exporter.get_finished_spans()) == 16
+                assert {t.ident for t in threading.enumerate()} == threads
+
+    asyncio.run(main())
