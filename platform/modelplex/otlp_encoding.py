@@ -120,7 +120,7 @@ class SpanEncoder:
             # Inside the parent: clocks read microseconds apart may disagree by as much.
             start = min(max(child[1], floor), ceiling)
             end = min(max(child[2], start), ceiling)
-            recorded = len(child) > 4  # a SpanRecord's: status and children of its own
+            recorded = len(child) > 4  # a model span's (`Span.model_span`): status and children of its own
             tail = self._tail(child[0], SPAN_KIND_INTERNAL, child[3], None, child[4] if recorded else STATUS_UNSET,
                               child[5] if recorded else "", False, trace_state)
             span_id = (_getrandbits(64) or 1).to_bytes(8, "big")

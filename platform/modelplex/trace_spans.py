@@ -9,8 +9,9 @@ A finished span is a `SpanData` tuple (marshal-able, so it can cross a pipe as i
 end_ns, attributes, events or None, status_code, status_message, children or None). `kind` and
 `status_code` use OTLP's numbers; events are (time_ns, name, attributes). `children` are child
 spans measured after the fact (a backend's prefill) as (name, start_ns, end_ns, attributes); the
-queue and compute pair as one (None, enqueue_ns, start_ns, end_ns, batch_size); from a `SpanRecord`,
-(name, start_ns, end_ns, attributes, status_code, status_message, children). They get their span
+queue and compute pair as one (None, enqueue_ns, start_ns, end_ns, batch_size); a model's span added
+once done (`Span.model_span`) as (name, start_ns, end_ns, attributes, status_code, status_message,
+children). They get their span
 ids and attribute dicts at export (`expand_children`), and what a request leaves in the buffer until
 then stays small: on `simple` over HTTP, spans kept until export cost ~5 µs a request more than the
 same spans dropped at once.
@@ -30,30 +31,7 @@ _time_ns = time.time_ns
 _new_span = object.__new__
 
 
-class _Phases:
-    """Children measured after the fact, for `Span` and `SpanRecord` (both have `buffer` and `children`)."""
-
-    __slots__ = ()
-
-    def phases(self, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int) -> None:
-        """`queue` and `compute` children from perf-counter timestamps already taken (call before
-        the span ends)."""
-        offset = self.buffer.clocks.perf_counter
-        entry = (None, enqueue_ns + offset, start_ns + offset, end_ns + offset, batch_size)
-        if self.children is None:
-            self.children = [entry]
-        else:
-            self.children.append(entry)
-
-    def backend_phases(self, phases: list[tuple[str, int, int, dict]]) -> None:
-        """A backend's own phases (`InferResponse.phases`, monotonic clock) as children."""
-        offset = self.buffer.clocks.monotonic
-        if self.children is None:
-            self.children = []
-        self.children += [(name, start + offset, end + offset, attributes) for name, start, end, attributes in phases]
-
-
-class Span(_Phases):
+class Span:
     """A span in progress; ending it queues its `SpanData`. A request's own: never shared across threads.
 
     `with span:` makes it the current span inside the block and ends it when the block leaves
@@ -108,6 +86,54 @@ class Span(_Phases):
         span.start_time = _time_ns()
         return span
 
+    def phases(self, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int, backend_phases: list) -> None:
+        """`queue` and `compute` children from perf-counter timestamps already taken, and the
+        backend's own phases (`InferResponse.phases`, or None). Call before the span ends."""
+        offset = self.buffer.clocks.perf_counter
+        entry = (None, enqueue_ns + offset, start_ns + offset, end_ns + offset, batch_size)
+        if self.children is None:
+            self.children = [entry]
+        else:
+            self.children.append(entry)
+        if backend_phases:
+            self.backend_phases(backend_phases)
+
+    def backend_phases(self, phases: list[tuple[str, int, int, dict]]) -> None:
+        """A backend's own phases (`InferResponse.phases`, monotonic clock) as children."""
+        offset = self.buffer.clocks.monotonic
+        if self.children is None:
+            self.children = []
+        self.children += [(name, start + offset, end + offset, attributes) for name, start, end, attributes in phases]
+
+    def model_span(self, name: str, attributes: dict, enqueue_ns: int, start_ns: int, end_ns: int, batch_size: int,
+                   backend_phases: list | None) -> None:
+        """A child span, with its `queue` and `compute` pair and the backend's phases, for a model
+        that calls no other (nothing can nest under it, so it is added once done, from its
+        perf-counter times: it gets its span id at export). It ends when its compute does."""
+        offset = self.buffer.clocks.perf_counter
+        children = [(None, enqueue_ns + offset, start_ns + offset, end_ns + offset, batch_size)]
+        if backend_phases:
+            monotonic = self.buffer.clocks.monotonic
+            children += [(n, start + monotonic, end + monotonic, a) for n, start, end, a in backend_phases]
+        entry = (name, enqueue_ns + offset, end_ns + offset, attributes, STATUS_UNSET, "", children)
+        if self.children is None:
+            self.children = [entry]
+        else:
+            self.children.append(entry)
+
+    def model_span_failed(self, name: str, attributes: dict, start_ns: int, error: BaseException) -> None:
+        """`model_span` for a model that failed (an error status) or was cancelled (none)."""
+        offset = self.buffer.clocks.perf_counter
+        if isinstance(error, Exception):
+            status, message = STATUS_ERROR, f"{type(error).__name__}: {error}"
+        else:
+            status, message = STATUS_UNSET, ""
+        entry = (name, start_ns + offset, time.perf_counter_ns() + offset, attributes, status, message, None)
+        if self.children is None:
+            self.children = [entry]
+        else:
+            self.children.append(entry)
+
     def set_attribute(self, key: str, value) -> None:
         self.attributes[key] = value
 
@@ -126,34 +152,6 @@ class Span(_Phases):
         if index == 0:
             self.attributes["modelplex.ttft_ms"] = elapsed_ms
         self.add_event("response", {"index": index, "elapsed_ms": elapsed_ms})
-
-
-class SpanRecord(_Phases):
-    """The span of a model that calls no other model (`BackendSpec.calls_models`): nothing can nest
-    under it, so it is never made current and gets its id at export; leaving its `with` block adds
-    it to its parent's children. Cheaper than a `Span` on every traced request."""
-
-    __slots__ = ("buffer", "parent", "name", "attributes", "start_time", "children")
-
-    def __init__(self, parent: Span, name: str, attributes: dict):
-        self.buffer, self.parent, self.name, self.attributes = parent.buffer, parent, name, attributes
-        self.children = None
-        self.start_time = _time_ns()
-
-    def __enter__(self) -> "SpanRecord":
-        return self
-
-    def __exit__(self, kind, error, tb) -> None:
-        if error is not None and isinstance(error, Exception):
-            entry = (self.name, self.start_time, _time_ns(), self.attributes, STATUS_ERROR, f"{kind.__name__}: {error}",
-                     self.children)
-        else:
-            entry = (self.name, self.start_time, _time_ns(), self.attributes, STATUS_UNSET, "", self.children)
-        parent = self.parent
-        if parent.children is None:
-            parent.children = [entry]
-        else:
-            parent.children.append(entry)
 
 
 # The span the running request is in, while a sampled request runs (a context variable: ensemble
@@ -219,7 +217,7 @@ def _expand(out: list, children: list, trace_id: int, parent_id: int, trace_stat
         start = min(max(child[1], floor), ceiling)
         end = min(max(child[2], start), ceiling)
         span_id = _getrandbits(64) or 1
-        recorded = len(child) > 4  # a SpanRecord's: status and children of its own
+        recorded = len(child) > 4  # a model span's (`Span.model_span`): status and children of its own
         out.append((trace_id, span_id, parent_id, False, trace_state, child[0], SPAN_KIND_INTERNAL, start, end,
                     child[3], None, child[4] if recorded else STATUS_UNSET, child[5] if recorded else ""))
         if recorded and child[6]:

@@ -173,8 +173,19 @@ def test_http_server_spans_carry_each_answers_status(ensemble_repo):
             server.dataplane.tracing.flush()
             return exporter.get_finished_spans()
 
-    roots = sorted((s for s in asyncio.run(main()) if s.name.startswith("POST")), key=lambda s: s.start_time)
+    spans = asyncio.run(main())
+    roots = sorted((s for s in spans if s.name.startswith("POST")), key=lambda s: s.start_time)
     assert [(s.name, s.attributes["http.response.status_code"], s.status.is_ok) for s in roots] == [
         ("POST /v2/models/simple/infer", 200, True), ("POST /v2/models/simple/infer", 400, True),
         ("POST /v2/models/simple/infer", 200, True), ("POST /v2/models/nope/infer", 404, True)]
     assert all(s.attributes["model"] == s.name.split("/")[3] for s in roots)
+    # The model refused the 400's input: its span is an error span, with no queue or compute under it.
+    children = {}
+    for s in spans:
+        children.setdefault(s.parent and s.parent.span_id, []).append(s)
+    models = [children[root.context.span_id] for root in roots[:3]]
+    assert [[s.name for s in m] for m in models] == [["infer simple"]] * 3
+    assert [m[0].status.is_ok for m in models] == [True, False, True]
+    assert "shape" in models[1][0].status.description, models[1][0].status.description
+    assert [sorted(s.name for s in children.get(m[0].context.span_id, ())) for m in models] == [
+        ["compute", "queue"], [], ["compute", "queue"]]
