@@ -4,10 +4,11 @@ sink, from the event loop the spans end on. In a server the sink is an exporter 
 serving process's GIL; tests may give an OpenTelemetry SDK `SpanExporter` instead (spans become
 `ReadableSpan`s).
 
-No thread: a second Python thread in the serving process, woken for every batch, fights the busy
-event loop for the GIL (measured on `simple` at ~13,000 traced requests/s: ~1,000 context switches
-a wake-up, ~8 µs of CPU a traced request), while marshal-ing a batch on the loop costs ~0.4 µs a
-span and the pipe write never waits.
+No thread: a second Python thread in the serving process, woken for every batch, fights a busy
+event loop for the GIL (measured in-process on `simple` with the loop never idle: ~1,000 context
+switches a wake-up, ~8 µs of CPU a traced request; over sockets at 16 connections the loop waits
+in epoll often enough that no difference showed), while marshal-ing a batch on the loop costs
+~0.4 µs a span and the pipe write never waits.
 
 Bounded everywhere: while the exporter is behind, its pipe is full and the batch waits for it (the
 loop writes the rest when the pipe has room); the buffer then fills and further spans are dropped

@@ -11,10 +11,9 @@ end_ns, attributes, events or None, status_code, status_message, children or Non
 spans measured after the fact (a backend's prefill) as (name, start_ns, end_ns, attributes); the
 queue and compute pair as one (None, enqueue_ns, start_ns, end_ns, batch_size); a model's span added
 once done (`Span.model_span`) as (name, start_ns, end_ns, attributes, status_code, status_message,
-children). They get their span
-ids and attribute dicts at export (`expand_children`), and what a request leaves in the buffer until
-then stays small: on `simple` over HTTP, spans kept until export cost ~5 µs a request more than the
-same spans dropped at once.
+children). They get their span ids and attribute dicts at export (`expand_children`), and what a
+request leaves in the buffer until then stays small: on `simple` over HTTP, spans kept until export
+cost ~5 µs a request more than the same spans dropped at once.
 """
 from __future__ import annotations
 
