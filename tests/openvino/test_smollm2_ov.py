@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import time
 
 import httpx
 import numpy as np
@@ -209,3 +210,15 @@ def test_models_list_statistics_and_the_llm_metric_family_count_it(server, clien
     assert samples[("vllm:time_to_first_token_seconds_count", MODEL, None)] >= 1
     assert samples[("vllm:num_requests_running", MODEL, None)] == 0
     assert 0 <= samples[("vllm:kv_cache_usage_perc", MODEL, None)] <= 1
+
+
+def test_unloading_stops_the_worker_without_a_traceback(server):
+    """Last in this module: unloads `tight` (its worker closes under the reader thread's recv)."""
+    r = httpx.post(f"http://{server.http_url}/v2/repository/models/tight/unload", timeout=60)
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 60
+    while repository_index(server)["tight"]["state"] != "UNAVAILABLE" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # the reader thread notices the closed connection
+    assert repository_index(server)["tight"]["state"] == "UNAVAILABLE"
+    assert "Traceback" not in server.log(), server.log()[-3000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -41,6 +42,7 @@ class LLMWorkerClient:
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._reader: threading.Thread | None = None
         self.conn.send(settings)
         self.info = self._wait_until_ready()
         self._reader = threading.Thread(target=self._read, name=f"openvino-llm-{model_name}", daemon=True)
@@ -133,6 +135,7 @@ class LLMWorkerClient:
                 self.stats = message[2]  # occupancy only: no need to wake the event loop
             elif self._loop is not None:
                 self._loop.call_soon_threadsafe(self._dispatch, message)
+        self.conn.close()
         if self._closing:
             return
         code = self.proc.wait()
@@ -145,7 +148,14 @@ class LLMWorkerClient:
     def close_now(self) -> None:
         """Stop the worker (it exits when its socket closes) and wait for it."""
         self._closing = True
-        self.conn.close()
+        if self._reader is None:
+            self.conn.close()
+        else:  # shut down, not closed, under the reader's recv (which a close fails with a TypeError): it closes it
+            try:
+                with socket.socket(fileno=os.dup(self.conn.fileno())) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # the reader has closed it already: the worker is gone
+                pass
         try:
             self.proc.wait(EXIT_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
