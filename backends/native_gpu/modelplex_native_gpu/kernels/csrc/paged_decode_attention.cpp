@@ -68,6 +68,27 @@ void block_scores<float>(const float* qf, const float* k, int64_t token_stride, 
     return;
   }
   int64_t t = 0;
+#if defined(__AVX512F__)
+  // AVX-512: 16 dims a step; each token's 16 lanes folded to 8 before the same reduction tree.
+  if (head_dim % 16 == 0)
+    for (; t + 8 <= n; t += 8) {
+      const float* kt = k + t * token_stride;
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = qf + g * head_dim;
+        __m512 a[8];
+        for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < head_dim; d += 16) {
+          const __m512 q = _mm512_loadu_ps(qg + d);
+          for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(q, _mm512_loadu_ps(kt + j * token_stride + d), a[j]);
+        }
+        __m256 h[8];
+        for (int j = 0; j < 8; ++j)
+          h[j] = _mm256_add_ps(_mm512_castps512_ps256(a[j]),
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[j]), 1)));
+        _mm256_storeu_ps(scores + g * stride + t, sum8(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]));
+      }
+    }
+#endif
   for (; t + 8 <= n; t += 8) {
     const float* kt = k + t * token_stride;
     for (int64_t g = 0; g < group; ++g) {
@@ -104,6 +125,20 @@ inline void accumulate(const float* p, const float* v, int64_t token_stride, int
   for (int j = 0; j < NV; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
 }
 
+#if defined(__AVX512F__)
+// As `accumulate`, 16 floats a register: the same sums in the same order, half the instructions.
+template <int NV>
+inline void accumulate512(const float* p, const float* v, int64_t token_stride, int64_t n, float* acc) {
+  __m512 a[NV];
+  for (int j = 0; j < NV; ++j) a[j] = _mm512_loadu_ps(acc + 16 * j);
+  for (int64_t t = 0; t < n; ++t) {
+    const __m512 pt = _mm512_set1_ps(p[t]);
+    for (int j = 0; j < NV; ++j) a[j] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(v + t * token_stride + 16 * j), a[j]);
+  }
+  for (int j = 0; j < NV; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+#endif
+
 template <>
 void block_values<float>(const float* p, const float* v, int64_t token_stride, int64_t n, int64_t group,
                          int64_t head_dim, int64_t stride, float* acc) {
@@ -115,6 +150,9 @@ void block_values<float>(const float* p, const float* v, int64_t token_stride, i
   }
   for (int64_t g = 0; g < group; ++g) {
     int64_t d = 0;
+#if defined(__AVX512F__)
+    for (; d + 64 <= head_dim; d += 64) accumulate512<4>(p + g * stride, v + d, token_stride, n, acc + g * head_dim + d);
+#endif
     for (; d + 32 <= head_dim; d += 32) accumulate<4>(p + g * stride, v + d, token_stride, n, acc + g * head_dim + d);
     for (; d < head_dim; d += 8) accumulate<1>(p + g * stride, v + d, token_stride, n, acc + g * head_dim + d);
   }
