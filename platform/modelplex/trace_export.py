@@ -70,16 +70,11 @@ class LoopExport:
     def flush(self) -> None:
         """Send what the buffer holds now, in batches, as far as the sink takes them without waiting;
         the rest follows when the sink's pipe has room (or waits in the bounded buffer)."""
-        sink, buffer = self.sink, self.buffer
-        while not sink.busy and (batch := buffer.take(self.batch_size)):
-            try:
-                sink.send(batch)
-            except Exception:  # noqa: BLE001 - export must never fail a request or the loop
-                buffer.num_dropped += len(batch)
-                log.exception("trace export failed; %d spans dropped", len(batch))
-        buffer.clocks.refresh()
-        if sink.busy and self._waiting_fd is None and self._loop is not None:
-            self._waiting_fd = sink.fileno()
+        while not self.sink.busy and (batch := self.buffer.take(self.batch_size)):
+            self._send(batch)
+        self.buffer.clocks.refresh()
+        if self.sink.busy and self._waiting_fd is None and self._loop is not None:
+            self._waiting_fd = self.sink.fileno()
             self._loop.add_writer(self._waiting_fd, self._writable)
 
     def _writable(self) -> None:
@@ -103,12 +98,15 @@ class LoopExport:
         self._stop_waiting()
         self.buffer.notify = lambda count: None
         while self.sink.wait_pending(deadline) and (batch := self.buffer.take(self.batch_size)):
-            try:
-                self.sink.send(batch)
-            except Exception:  # noqa: BLE001
-                self.buffer.num_dropped += len(batch)
-                log.exception("trace export failed; %d spans dropped", len(batch))
+            self._send(batch)
         self.sink.close(max(0.0, deadline - time.monotonic()))
+
+    def _send(self, batch: list[tuple]) -> None:
+        try:
+            self.sink.send(batch)
+        except Exception:  # noqa: BLE001 - export must never fail a request or the loop
+            self.buffer.num_dropped += len(batch)
+            log.exception("trace export failed; %d spans dropped", len(batch))
 
     @property
     def num_dropped(self) -> int:
@@ -204,14 +202,14 @@ class ExporterProcess:
 class SdkExporterSink:
     """Hands spans to an OpenTelemetry SDK `SpanExporter` (e.g. the in-memory one of tests)."""
 
+    busy = False  # export() returns when done
+
     def __init__(self, exporter, resource: dict[str, str]):
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         self.exporter = exporter
         self.resource, self.scope = Resource.create(resource), InstrumentationScope("modelplex")
-
-    busy = False  # export() returns when done
 
     def send(self, batch: list[tuple]) -> None:
         self.exporter.export([readable_span(s, self.resource, self.scope) for s in expand_children(batch)])
