@@ -141,14 +141,14 @@ def test_bfloat16_mode_answers_like_fp32(make_engine, france):
 
 
 def test_packed_cpu_weights_are_held_once(engine, france):
-    """On CPU fp32 each linear keeps only its oneDNN-packed weight; the tied LM head leaves the
+    """On CPU fp32 each linear keeps only its packed weight (our panels); the tied LM head leaves the
     embedding (which lookups read) in place. The engine still answers; weight_bytes counts each
     tensor a decode step reads once (SmolLM2-135M: 538 MB in fp32)."""
     from modelplex_native_gpu.layers.linear import Linear
 
     model = engine.runner.model
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    assert all(m.packed_weight is not None for m in linears)
+    assert all(m.packed_weight is not None and m.cpu_ops is not None for m in linears)
     assert [m for m in linears if m.weight is not None] == [model.lm_head]
     assert model.lm_head.weight is model.embed_tokens
     assert 535e6 < engine.runner.weight_bytes < 541e6

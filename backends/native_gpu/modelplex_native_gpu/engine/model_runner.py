@@ -52,9 +52,11 @@ class ModelRunner:
             logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[0])
         self.model.to(device=self.device, dtype=self.dtype)
         self.model.eval()
+        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
         if can_pack(self.device, self.dtype):
-            self.model.pack_linear_weights(batch_size_hint=64)
-        if self.device.type == "cpu" and self.dtype == torch.float32:
+            # fp32 weights go into the compiled ops' panels (None without a compiler: oneDNN's layout then)
+            self.model.pack_linear_weights(batch_size_hint=64, cpu_ops=kernels.compiled_ops() if cpu_fp32 else None)
+        if cpu_fp32:
             self.model.fused_ops = kernels.compiled_ops()  # None without a compiler: torch ops then
         self.sampler = Sampler(self.device)
         self.kv_cache: torch.Tensor | None = None

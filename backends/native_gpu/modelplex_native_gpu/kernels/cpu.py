@@ -1,7 +1,8 @@
 """The CPU execution path: the torch reference kernels, except small C++ ops: paged decode attention
 (csrc/paged_decode_attention.cpp), which reads K/V in place from the paged cache instead of gathering
-copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, and the
-fp32 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding).
+copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, the
+fp32 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding)
+and the fp32 linear layers on weights packed in column panels (csrc/linear.cpp, see layers/linear.py).
 
 The ops are compiled on first use with torch.utils.cpp_extension (gcc, cached under ~/.cache/torch_extensions)
 for this machine's CPU; without a compiler the engine logs why and keeps the torch reference, as it
@@ -28,7 +29,7 @@ _BUILD_LOCK = threading.Lock()  # engines loading in parallel threads build (and
 _ops = None
 _built = False
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_decode_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp")]
+_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_decode_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 
@@ -41,7 +42,7 @@ def _cpu_flags() -> str:
 
 
 def compiled_ops():
-    """torch.ops.modelplex_cpu (decode attention, K/V store, fused layer ops), or None when they cannot be built here."""
+    """torch.ops.modelplex_cpu (decode attention, K/V store, fused layer ops, linears), or None when they cannot be built here."""
     global _ops, _built
     if not _built:  # every layer asks: no lock once it is decided
         with _BUILD_LOCK:

@@ -1,9 +1,11 @@
-"""Linear layer whose weight can be pre-packed for oneDNN on CPU.
+"""Linear layer whose weight can be pre-packed for the CPU.
 
 Plain bf16 F.linear on CPU reorders the weight on every call, and fp32 F.linear goes to MKL, whose
-sgemm on AMD CPUs runs ~10x below oneDNN's AVX2 kernels at decode shapes. Packing the weight once
-for oneDNN (as torch inductor's freezing pass does) fixes both; fp32 greedy output stays
-token-identical to HF on the parity prompts (tests/native_gpu/test_hf_parity.py).
+sgemm on AMD CPUs runs ~10x below oneDNN's AVX2 kernels at decode shapes. So the weight is packed
+once: fp32 into our own column panels (kernels/csrc/linear.cpp: memory-speed at one token, where
+oneDNN's call overhead alone was ~11 us; at or above oneDNN's rate at 8-256 tokens), bf16 for
+oneDNN (as torch inductor's freezing pass does). fp32 greedy output stays token-identical to HF on
+the parity prompts (tests/native_gpu/test_hf_parity.py).
 """
 from __future__ import annotations
 
@@ -17,18 +19,27 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.out_features = out_features
         self.packed_weight: torch.Tensor | None = None
+        self.cpu_ops = None  # torch.ops.modelplex_cpu when packed_weight is in its panels, else oneDNN's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        """x: [tokens, in_features]."""
+        if self.packed_weight is None:
+            return F.linear(x, self.weight, self.bias)
+        if self.cpu_ops is not None:
+            return self.cpu_ops.packed_linear(x, self.packed_weight, self.out_features, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
-    def pack(self, batch_size_hint: int, keep_weight: bool = False):
-        """Hold the weight in oneDNN's blocked layout for CPU matmuls. The plain copy is dropped
-        (`weight` becomes None: the model's memory is not twice its weights) unless `keep_weight`:
-        something else reads it (a tied embedding)."""
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch_size_hint)
+    def pack(self, batch_size_hint: int, keep_weight: bool = False, cpu_ops=None):
+        """Hold the weight packed for CPU matmuls: in our panels when `cpu_ops` (the compiled
+        torch.ops.modelplex_cpu) is given and the weight is fp32, else in oneDNN's blocked layout for
+        `batch_size_hint` rows. The plain copy is dropped (`weight` becomes None: the model's memory is
+        not twice its weights) unless `keep_weight`: something else reads it (a tied embedding)."""
+        if cpu_ops is not None and self.weight.dtype == torch.float32:
+            self.packed_weight, self.cpu_ops = cpu_ops.pack_linear_weight(self.weight), cpu_ops
+        else:
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch_size_hint)
         if not keep_weight:
             self.weight = None
 

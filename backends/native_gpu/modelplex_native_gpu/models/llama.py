@@ -110,10 +110,10 @@ class LlamaForCausalLM(nn.Module):
         """Final norm + LM head on the rows that sample; logits are fp32 for the sampler."""
         return self.lm_head(self.norm(hidden)).float()
 
-    def pack_linear_weights(self, batch_size_hint: int):
+    def pack_linear_weights(self, batch_size_hint: int, cpu_ops=None):
         for module in self.modules():
             if isinstance(module, Linear):
-                module.pack(batch_size_hint, keep_weight=module.weight is self.embed_tokens)
+                module.pack(batch_size_hint, keep_weight=module.weight is self.embed_tokens, cpu_ops=cpu_ops)
 
     def load_weights(self, weights: dict[str, torch.Tensor]):
         """Copy HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...) into the fused parameters."""
