@@ -137,6 +137,27 @@ inline void accumulate512(const float* p, const float* v, int64_t token_stride, 
   }
   for (int j = 0; j < NV; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
 }
+
+// As accumulate512<4> for each of G query heads at once (64 dims of each): a token's values are loaded
+// once for all G, and the G x 4 accumulator chains are independent, so the FMAs issue back to back
+// instead of waiting on each other's latency. Each accumulator sums in token order, as before.
+template <int G>
+inline void accumulate_heads512(const float* p, int64_t p_stride, const float* v, int64_t token_stride, int64_t n,
+                                float* acc, int64_t acc_stride) {
+  __m512 a[G][4];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < 4; ++j) a[g][j] = _mm512_loadu_ps(acc + g * acc_stride + 16 * j);
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 vt[4];
+    for (int j = 0; j < 4; ++j) vt[j] = _mm512_loadu_ps(v + t * token_stride + 16 * j);
+    for (int g = 0; g < G; ++g) {
+      const __m512 pt = _mm512_set1_ps(p[g * p_stride + t]);
+      for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(pt, vt[j], a[g][j]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * acc_stride + 16 * j, a[g][j]);
+}
 #endif
 
 template <>
@@ -148,6 +169,19 @@ void block_values<float>(const float* p, const float* v, int64_t token_stride, i
         for (int64_t d = 0; d < head_dim; ++d) acc[g * head_dim + d] += p[g * stride + t] * v[t * token_stride + d];
     return;
   }
+#if defined(__AVX512F__)
+  if (head_dim % 64 == 0 && group <= 4) {
+    for (int64_t d = 0; d < head_dim; d += 64) {
+      switch (group) {
+        case 1: accumulate_heads512<1>(p, stride, v + d, token_stride, n, acc + d, head_dim); break;
+        case 2: accumulate_heads512<2>(p, stride, v + d, token_stride, n, acc + d, head_dim); break;
+        case 3: accumulate_heads512<3>(p, stride, v + d, token_stride, n, acc + d, head_dim); break;
+        default: accumulate_heads512<4>(p, stride, v + d, token_stride, n, acc + d, head_dim);
+      }
+    }
+    return;
+  }
+#endif
   for (int64_t g = 0; g < group; ++g) {
     int64_t d = 0;
 #if defined(__AVX512F__)
@@ -195,7 +229,26 @@ inline float exp_shifted_sum(float* s, int64_t n, float m) {
   }
   return total;
 }
+
+// max(s[0:n]) in eight independent lanes (one running max would wait on each compare's latency).
+inline float max_of(const float* s, int64_t n) {
+  __m256 m8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + t));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m8);
+  float m = lanes[0];
+  for (int j = 1; j < 8; ++j) m = std::max(m, lanes[j]);
+  for (; t < n; ++t) m = std::max(m, s[t]);
+  return m;
+}
 #else
+inline float max_of(const float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) m = std::max(m, s[t]);
+  return m;
+}
+
 inline float exp_shifted_sum(float* s, int64_t n, float m) {
   float total = 0.f;
   for (int64_t t = 0; t < n; ++t) {
@@ -246,9 +299,7 @@ void decode_one(const scalar_t* q, int64_t q_head_stride, const scalar_t* k_base
   // Softmax per query head (normalised at the end), then pass 2: out = sum_t p_t * v_t.
   for (int64_t g = 0; g < group; ++g) {
     float* s = scores.data() + g * context_len;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < context_len; ++t) m = std::max(m, s[t]);
-    inv_sum[g] = 1.f / exp_shifted_sum(s, context_len, m);
+    inv_sum[g] = 1.f / exp_shifted_sum(s, context_len, max_of(s, context_len));
   }
   for (int64_t i = 0; i < num_blocks; ++i) {
     prefetch(v_base, i + kBlocksAhead);
