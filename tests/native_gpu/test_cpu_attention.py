@@ -1,4 +1,5 @@
-"""The CPU path's compiled paged decode attention vs the torch reference (the op is built on first use)."""
+"""The CPU path's compiled paged attention (decode and prefill) vs the torch reference (the ops are built
+on first use)."""
 import pytest
 import torch
 
@@ -74,6 +75,55 @@ def test_a_block_id_outside_the_cache_is_refused():
     tables[0, 1] = k_cache.shape[0]  # one past the last block
     with pytest.raises(RuntimeError, match="block id out of range"):
         cpu.paged_decode_attention(query, k_cache, v_cache, tables, lens, 0.2)
+
+
+def make_prefill_case(chunks, num_heads, num_kv_heads, head_dim, num_blocks=64, seed=1):
+    """`chunks`: (query tokens, context length) per sequence; a chunk is the last tokens of its context."""
+    query, k_cache, v_cache, tables, lens = make_case(1, num_heads, num_kv_heads, head_dim, [c for _, c in chunks],
+                                                      num_blocks=num_blocks, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    cu = torch.tensor([0] + torch.tensor([q for q, _ in chunks]).cumsum(0).tolist(), dtype=torch.int32)
+    query = torch.randn(int(cu[-1]), num_heads, head_dim, generator=g)
+    return query, k_cache, v_cache, tables, cu, lens
+
+
+# Whole prompts (37, 16 at a block's end), chunks after a cached prefix (13 of 33, 24 crossing a block
+# boundary), one token after a long prefix, and a chunk longer than one 8-token task.
+PREFILL_CHUNKS = [(37, 37), (16, 16), (13, 33), (24, 40), (1, 101), (70, 90)]
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 24), (6, 1, 80)])
+def test_prefill_matches_reference(num_heads, num_kv_heads, head_dim):
+    case = make_prefill_case(PREFILL_CHUNKS, num_heads, num_kv_heads, head_dim)
+    scale = head_dim ** -0.5
+    got = cpu.compiled_ops().prefill_attention(*case, scale)
+    want = reference.prefix_prefill_attention(*case, scale)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(cpu.prefix_prefill_attention(*case, scale), got)  # what the layer calls in fp32
+
+
+def test_prefill_reads_no_padding_other_blocks_or_later_slots():
+    query, k_cache, v_cache, tables, cu, lens = make_prefill_case([(5, 5), (10, 35)], 4, 2, 32)
+    owned = set(tables[0, :1].tolist()) | set(tables[1, :3].tolist())
+    for b in range(k_cache.shape[0]):
+        if b not in owned:
+            k_cache[b], v_cache[b] = float("nan"), float("nan")
+    k_cache[tables[0, 0], 5:], v_cache[tables[0, 0], 5:] = float("nan"), float("nan")  # past token 5
+    k_cache[tables[1, 2], 3:], v_cache[tables[1, 2], 3:] = float("nan"), float("nan")  # past token 35
+    assert torch.isfinite(cpu.compiled_ops().prefill_attention(query, k_cache, v_cache, tables, cu, lens, 0.2)).all()
+
+
+def test_prefill_refuses_bad_tables():
+    query, k_cache, v_cache, tables, cu, lens = make_prefill_case([(5, 20)], 4, 2, 32)
+    ops = cpu.compiled_ops()
+    bad = tables.clone()
+    bad[0, 1] = k_cache.shape[0]
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        ops.prefill_attention(query, k_cache, v_cache, bad, cu, lens, 0.2)
+    with pytest.raises(RuntimeError, match="context length out of range"):  # a chunk longer than its context
+        ops.prefill_attention(query, k_cache, v_cache, tables, cu, torch.tensor([4], dtype=torch.int32), 0.2)
+    with pytest.raises(RuntimeError, match="cu_seqlens_q"):
+        ops.prefill_attention(query, k_cache, v_cache, tables, torch.tensor([0, 4], dtype=torch.int32), lens, 0.2)
 
 
 @pytest.mark.parametrize("head_major", [True, False])

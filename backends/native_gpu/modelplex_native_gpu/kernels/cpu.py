@@ -1,6 +1,6 @@
-"""The CPU execution path: the torch reference kernels, except small C++ ops: paged decode attention
-(csrc/paged_decode_attention.cpp), which reads K/V in place from the paged cache instead of gathering
-copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, the
+"""The CPU execution path: the torch reference kernels, except small C++ ops: paged attention, decode
+and (fp32) prefill (csrc/paged_attention.cpp), which reads K/V in place from the paged cache instead of
+gathering copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, the
 fp32 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding)
 and the fp32 linear layers on weights packed in column panels (csrc/linear.cpp, see layers/linear.py).
 
@@ -19,7 +19,7 @@ import torch
 
 from .reference import plan_decode as _reference_plan
 from .reference import paged_decode_attention as _reference_decode
-from .reference import prefix_prefill_attention
+from .reference import prefix_prefill_attention as _reference_prefill
 from .reference import store_kvcache as _reference_store
 
 __all__ = ["store_kvcache", "prefix_prefill_attention", "plan_decode", "paged_decode_attention", "compiled_ops"]
@@ -29,7 +29,7 @@ _BUILD_LOCK = threading.Lock()  # engines loading in parallel threads build (and
 _ops = None
 _built = False
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_decode_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp")]
+_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 
@@ -42,7 +42,7 @@ def _cpu_flags() -> str:
 
 
 def compiled_ops():
-    """torch.ops.modelplex_cpu (decode attention, K/V store, fused layer ops, linears), or None when they cannot be built here."""
+    """torch.ops.modelplex_cpu (attention, K/V store, fused layer ops, linears), or None when they cannot be built here."""
     global _ops, _built
     if not _built:  # every layer asks: no lock once it is decided
         with _BUILD_LOCK:
@@ -82,6 +82,17 @@ def store_kvcache(key, value, k_cache, v_cache, slot_mapping) -> None:
 def plan_decode(block_tables, context_lens, block_size):
     """The compiled op needs no plan; the reference groups sequences by length."""
     return None if compiled_ops() is not None else _reference_plan(block_tables, context_lens, block_size)
+
+
+def prefix_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                             max_query_len=None, key=None, value=None):
+    """fp32: the compiled op, which reads every K/V from the cache (the layer stored the chunk's first);
+    bf16 keeps torch's SDPA, whose CPU flash kernel has bf16 matmuls."""
+    ops = compiled_ops()
+    if ops is None or query.dtype != torch.float32 or k_cache.dtype != torch.float32:
+        return _reference_prefill(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                                  max_query_len, key, value)
+    return ops.prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
 
 
 def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, scale, plan=None):

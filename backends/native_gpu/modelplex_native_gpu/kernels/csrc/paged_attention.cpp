@@ -1,12 +1,14 @@
-// Paged decode attention for the CPU path: one query token per sequence, K/V read in place from the
-// block-paged cache (no gather copy), one (sequence, KV head) pair per task on torch's intra-op pool.
-// Registered as torch.ops.modelplex_cpu.paged_decode_attention; see kernels/cpu.py.
+// Paged attention for the CPU path, K/V read in place from the block-paged cache (no gather copy):
+// decode (one query token per sequence, one (sequence, KV head) pair per task on torch's intra-op pool)
+// and prefill (a chunk's query tokens, eight per task, causal over the cached prefix and the chunk).
+// Registered as torch.ops.modelplex_cpu.paged_decode_attention and .prefill_attention; see kernels/cpu.py.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -170,13 +172,17 @@ void block_values<float>(const float* p, const float* v, int64_t token_stride, i
     return;
   }
 #if defined(__AVX512F__)
-  if (head_dim % 64 == 0 && group <= 4) {
-    for (int64_t d = 0; d < head_dim; d += 64) {
-      switch (group) {
-        case 1: accumulate_heads512<1>(p, stride, v + d, token_stride, n, acc + d, head_dim); break;
-        case 2: accumulate_heads512<2>(p, stride, v + d, token_stride, n, acc + d, head_dim); break;
-        case 3: accumulate_heads512<3>(p, stride, v + d, token_stride, n, acc + d, head_dim); break;
-        default: accumulate_heads512<4>(p, stride, v + d, token_stride, n, acc + d, head_dim);
+  if (head_dim % 64 == 0) {
+    for (int64_t g = 0; g < group; g += 4) {  // four query heads (or prefill rows) at a time
+      const float* pg = p + g * stride;
+      for (int64_t d = 0; d < head_dim; d += 64) {
+        float* a = acc + g * head_dim + d;
+        switch (std::min<int64_t>(4, group - g)) {
+          case 1: accumulate_heads512<1>(pg, stride, v + d, token_stride, n, a, head_dim); break;
+          case 2: accumulate_heads512<2>(pg, stride, v + d, token_stride, n, a, head_dim); break;
+          case 3: accumulate_heads512<3>(pg, stride, v + d, token_stride, n, a, head_dim); break;
+          default: accumulate_heads512<4>(pg, stride, v + d, token_stride, n, a, head_dim);
+        }
       }
     }
     return;
@@ -359,11 +365,120 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_c
   return out;
 }
 
+// Causal attention of `rows` consecutive query tokens of one sequence (the first at position `first_pos`)
+// for the `group` query heads of one KV head, over the sequence's cached K/V (this chunk's included: the
+// layer stores them first). The tile's rows x group query vectors share each K/V block read, and each
+// row sees the positions up to its own: decode's passes with one length per row.
+template <typename scalar_t>
+void prefill_tile(const scalar_t* q, int64_t q_token_stride, int64_t q_head_stride, int64_t rows, int64_t first_pos,
+                  const scalar_t* k_base, const scalar_t* v_base, int64_t block_stride, int64_t token_stride,
+                  const int32_t* table, int64_t block_size, int64_t group, int64_t head_dim, float scale,
+                  std::vector<float>& scores, std::vector<float>& acc, std::vector<float>& qf,
+                  std::vector<float>& inv_sum, scalar_t* out, int64_t out_token_stride) {
+  const int64_t R = rows * group, n = first_pos + rows;  // query vectors; tokens the last row sees
+  scores.resize(R * n);
+  inv_sum.resize(R);
+  acc.assign(R * head_dim, 0.f);
+  qf.resize(R * head_dim);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < head_dim; ++d)
+      qf[r * head_dim + d] = static_cast<float>(q[(r / group) * q_token_stride + (r % group) * q_head_stride + d]) * scale;
+  const int64_t num_blocks = (n + block_size - 1) / block_size;
+  for (int64_t i = 0; i < num_blocks; ++i)
+    block_scores<scalar_t>(qf.data(), k_base + table[i] * block_stride, token_stride,
+                           std::min(block_size, n - i * block_size), R, head_dim, scores.data() + i * block_size, n);
+  for (int64_t r = 0; r < R; ++r) {
+    float* s = scores.data() + r * n;
+    const int64_t len = first_pos + r / group + 1;
+    inv_sum[r] = 1.f / exp_shifted_sum(s, len, max_of(s, len));
+    std::fill(s + len, s + n, 0.f);  // later positions: weight 0
+  }
+  for (int64_t i = 0; i < num_blocks; ++i)
+    block_values<scalar_t>(scores.data() + i * block_size, v_base + table[i] * block_stride, token_stride,
+                           std::min(block_size, n - i * block_size), R, head_dim, n, acc.data());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < head_dim; ++d)
+      out[(r / group) * out_token_stride + (r % group) * head_dim + d] = static_cast<scalar_t>(acc[r * head_dim + d] * inv_sum[r]);
+}
+
+constexpr int64_t kPrefillTileTokens = 8;
+
+// query [T, H, D]: sequence s's chunk at rows cu_seqlens_q[s]:cu_seqlens_q[s+1], its last row at position
+// context_lens[s] - 1; K/V as for decode, the chunk's included. Returns [T, H, D].
+at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q,
+                             const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+              k_cache.strides() == v_cache.strides(), "bad shapes");
+  TORCH_CHECK(query.stride(2) == 1 && k_cache.stride(3) == 1, "the head dim must be contiguous");
+  TORCH_CHECK(query.scalar_type() == k_cache.scalar_type(), "query and cache dtypes differ");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && cu_seqlens_q.scalar_type() == at::kInt &&
+              context_lens.scalar_type() == at::kInt, "int32 tables");
+  const int64_t num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  TORCH_CHECK(num_heads % num_kv_heads == 0 && k_cache.size(3) == head_dim, "head counts");
+  const int64_t group = num_heads / num_kv_heads;
+  auto tables = block_tables.contiguous();
+  auto cu = cu_seqlens_q.contiguous();
+  auto lens = context_lens.contiguous();
+  const int64_t num_seqs = lens.size(0), max_blocks = tables.size(1), num_cache_blocks = k_cache.size(0);
+  TORCH_CHECK(cu.numel() == num_seqs + 1 && tables.size(0) == num_seqs, "one table and length per sequence");
+  const int32_t *table_ptr = tables.data_ptr<int32_t>(), *cu_ptr = cu.data_ptr<int32_t>(), *len_ptr = lens.data_ptr<int32_t>();
+  TORCH_CHECK(cu_ptr[0] == 0 && cu_ptr[num_seqs] == query.size(0), "cu_seqlens_q must cover the query rows");
+  // Tasks: (sequence, KV head, tile of query tokens), checked here (an exception must not leave the
+  // parallel region).
+  std::vector<std::array<int64_t, 5>> tasks;  // cost, sequence, head, first row, rows
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = cu_ptr[s + 1] - cu_ptr[s], ctx = len_ptr[s];
+    TORCH_CHECK(q_len >= 0 && q_len <= ctx && ctx <= max_blocks * block_size, "context length out of range");
+    for (int64_t i = 0; i * block_size < ctx; ++i) {
+      const int32_t id = table_ptr[s * max_blocks + i];
+      TORCH_CHECK(id >= 0 && id < num_cache_blocks, "block id out of range");
+    }
+    for (int64_t h = 0; h < num_kv_heads; ++h)
+      for (int64_t j = 0; j < q_len; j += kPrefillTileTokens) {
+        const int64_t rows = std::min(kPrefillTileTokens, q_len - j);
+        tasks.push_back({ctx - q_len + j + rows, s, h, j, rows});
+      }
+  }
+  // Costliest first, then alternately to the front and back half: torch's pool gives each thread a
+  // contiguous range, and causal tiles cost more the later they sit.
+  std::sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) { return a[0] > b[0]; });
+  std::vector<std::array<int64_t, 5>> order(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) order[i % 2 == 0 ? i / 2 : tasks.size() - 1 - i / 2] = tasks[i];
+  auto out = at::empty_like(query, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "prefill_attention", [&] {
+    const scalar_t* q_ptr = query.data_ptr<scalar_t>();
+    const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
+    const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.data_ptr<scalar_t>();
+    at::parallel_for(0, static_cast<int64_t>(order.size()), 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, acc, qf, inv_sum;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t s = order[t][1], h = order[t][2], j = order[t][3], rows = order[t][4];
+        const int64_t row = cu_ptr[s] + j;
+        prefill_tile<scalar_t>(q_ptr + row * query.stride(0) + h * group * query.stride(1), query.stride(0),
+                               query.stride(1), rows, len_ptr[s] - (cu_ptr[s + 1] - cu_ptr[s]) + j,
+                               k_ptr + h * k_cache.stride(2), v_ptr + h * v_cache.stride(2), k_cache.stride(0),
+                               k_cache.stride(1), table_ptr + s * max_blocks, block_size, group, head_dim,
+                               static_cast<float>(scale), scores, acc, qf, inv_sum,
+                               out_ptr + row * num_heads * head_dim + h * group * head_dim, num_heads * head_dim);
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(modelplex_cpu, m) {
   m.def("paged_decode_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
+  m.def("prefill_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor cu_seqlens_q, Tensor context_lens, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
+TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) {
+  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("prefill_attention", &prefill_attention);
+}
