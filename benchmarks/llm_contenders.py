@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -137,7 +138,8 @@ class PeerProcess:
 
 
 def make_peers(items, args, wanted: set[str]) -> list[PeerProcess]:
-    """The peers in /work/shared/bench/peers/README.md, from the venvs under args.peers_dir."""
+    """The peers in /work/shared/bench/peers/README.md, from the venvs under args.peers_dir (OpenVINO GenAI
+    from ours)."""
     d, threads, timeout = args.peers_dir, args.threads, args.peer_run_timeout
     hf_dir = os.path.join(d, "smollm2-hf")
     specs = {
@@ -149,5 +151,9 @@ def make_peers(items, args, wanted: set[str]) -> list[PeerProcess]:
                                         env={"LLAMA_CPP_LIB_PATH": f"{d}/llama-server-build/bin"}, start_timeout=timeout, run_timeout=timeout),
         "ort": lambda: PeerProcess("onnxruntime-genai (static batches of 32)", "float32", f"{d}/venv-ort/bin/python",
                                    "ort_genai.py", f"{d}/smollm2-ort-fp32", items, threads, start_timeout=timeout, run_timeout=timeout),
+        # our own venv's openvino-genai, on the IR `make repo` converts into the example repository
+        "ov": lambda: PeerProcess("OpenVINO GenAI (continuous batching)", "float32", sys.executable, "ov_genai.py",
+                                  os.path.join(os.path.dirname(HERE), "examples", "model_repository", "smollm2_ov", "1"),
+                                  items, threads, start_timeout=timeout, run_timeout=timeout),
     }
     return [specs[name]() for name in specs if name in wanted]

@@ -6,7 +6,7 @@ Not a test. Examples:
 Workloads: the peers' fixed batch (64 prompts x 128 tokens, 128 greedy new tokens, EOS ignored) and the
 variable one (256 requests, prompts 32-1024, outputs 16-512, a quarter sharing a 512-token system prompt).
 Contenders run round by round (interleaved) in the same run; peers are runner subprocesses in their own
-venvs under --peers-dir (benchmarks/llm_peers/). Reports generated tok/s, CPU ms per generated token,
+venvs under --peers-dir (OpenVINO GenAI in ours; benchmarks/llm_peers/). Reports generated tok/s, CPU ms per generated token,
 foreign load, TTFT and ITL p50/p99, KV-cache waste, prefix-cache hit rate, and single-stream decode vs
 the memory-bandwidth bound measured in the same run.
 """
@@ -145,7 +145,7 @@ def parse_args():
     p.add_argument("--peer-prompts", type=int, default=64)
     p.add_argument("--peer-gen-tokens", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--peers", default="vllm,llamacpp,ort", help="comma list of vllm,llamacpp,ort, or none")
+    p.add_argument("--peers", default="vllm,llamacpp,ort,ov", help="comma list of vllm,llamacpp,ort,ov, or none")
     p.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR", "/tmp/peers"))
     p.add_argument("--kv-gib", type=float, default=1.0, help="our KV-cache budget")
     p.add_argument("--max-num-seqs", type=int, default=256)
