@@ -10,6 +10,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
+def ops():
+    """torch.ops.modelplex_cpu: the compiled CPU ops (built on first use)."""
+    from modelplex_native_gpu.kernels import cpu
+
+    compiled = cpu.compiled_ops()
+    if compiled is None:
+        pytest.fail("the CPU ops did not build (gcc and ninja are installed by `make`)")
+    return compiled
+
+
+@pytest.fixture(scope="session")
 def loaded_weights(gguf_path):
     from modelplex_native_gpu.loader import load_weights
 

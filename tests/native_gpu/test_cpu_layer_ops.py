@@ -2,17 +2,8 @@
 import pytest
 import torch
 
-from modelplex_native_gpu.kernels import cpu
 from modelplex_native_gpu.layers.norm import RMSNorm
 from modelplex_native_gpu.layers.rotary import RotaryEmbedding
-
-
-@pytest.fixture(scope="module")
-def ops():
-    ops = cpu.compiled_ops()
-    if ops is None:
-        pytest.fail("the CPU ops did not build (gcc and ninja are installed by `make`)")
-    return ops
 
 
 def norm(hidden, seed=0):

@@ -9,14 +9,6 @@ import torch
 from modelplex_native_gpu.kernels import cpu
 
 
-@pytest.fixture(scope="module")
-def ops():
-    ops = cpu.compiled_ops()
-    if ops is None:
-        pytest.fail("the CPU ops did not build (gcc and ninja are installed by `make`)")
-    return ops
-
-
 def check_against_torch(ops):
     """Shapes cover a partial last panel (1000, 7 columns), K not a multiple of a register, a tile of
     fewer than its rows, several tiles, and more tokens than one L2 row block."""
