@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 LEVELS = ("OFF", "TIMESTAMPS")
 UPDATABLE = ("trace_level", "trace_rate", "trace_count")
 FIXED = ("log_frequency", "trace_file", "trace_mode")  # reported, not changeable here
+SPANS_PER_REQUEST = 4  # a traced request's usual spans: server, model, queue, compute
 _getrandbits = random.getrandbits
 _time_ns = time.time_ns
 
@@ -167,12 +168,17 @@ class Tracing:
     def _start_export(self) -> None:
         c = self.config
         batch_size = min(c.bsp_max_export_batch_size, c.bsp_max_queue_size)
-        self._buffer = SpanBuffer(c.bsp_max_queue_size, batch_size)
+        # The queue holds requests (a server span carrying its children), the batch size counts spans: a
+        # batch leaves once its requests make about that many. Holding 512 requests' spans instead of 128
+        # cost ~3 µs a traced `simple` request (their data falls out of cache before export; wrk A/B,
+        # 7 rounds: 77.0 vs 74.2 µs of server CPU, plain 66.0).
+        requests_per_batch = max(1, batch_size // SPANS_PER_REQUEST)
+        self._buffer = SpanBuffer(c.bsp_max_queue_size, requests_per_batch)
         if self._exporter is None:
             sink = ExporterProcess(c.url, c.resource, batch_size)
         else:
             sink = SdkExporterSink(self._exporter, c.resource)
-        self._export = LoopExport(self._buffer, sink, c.bsp_schedule_delay_ms / 1000, batch_size)
+        self._export = LoopExport(self._buffer, sink, c.bsp_schedule_delay_ms / 1000, requests_per_batch)
         log.info("tracing on: OTLP export to %s", c.url if self._exporter is None else "the given exporter")
 
     @property

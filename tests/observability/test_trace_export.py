@@ -121,7 +121,7 @@ def test_bad_trace_config_is_a_usage_error():
 
 
 def test_the_event_loop_sends_full_batches_at_once_and_the_rest_after_the_delay(ensemble_repo):
-    """No flush by hand: a full export batch leaves on the loop's next turn, a partial one after
+    """No flush by hand: a full export batch (counted as 4 spans a request) leaves on the loop's next turn, a partial one after
     `bsp_schedule_delay`, and no thread is started for it (a thread woken for every batch fights
     the event loop for the GIL: ~8 µs a traced request, benchmarks/results/observability.md)."""
     import asyncio
@@ -130,7 +130,8 @@ def test_the_event_loop_sends_full_batches_at_once_and_the_rest_after_the_delay(
 
     from modelplex.tracing import TraceConfig
 
-    config = TraceConfig(level="OFF", rate=1, bsp_max_export_batch_size=3, bsp_schedule_delay_ms=300)
+    # 12 spans: 3 requests' (server, model, queue, compute)
+    config = TraceConfig(level="OFF", rate=1, bsp_max_export_batch_size=12, bsp_schedule_delay_ms=300)
 
     async def main():
         async with traced_server(ensemble_repo, config) as (server, exporter):
