@@ -276,45 +276,58 @@ inline void prefetch_block(const scalar_t* x, int64_t n, int64_t token_stride, i
     for (int64_t d = 0; d < head_dim; d += per_line) __builtin_prefetch(x + t * token_stride + d);
 }
 
+// Causal attention of `rows` consecutive query tokens of one sequence (the first at position `first_pos`)
+// for the `group` query heads of one KV head, over the sequence's cached K/V (a prefill chunk's own
+// included: the layer stores them first). The rows x group query vectors share each K/V block read, and
+// each row sees the positions up to its own. A decode is one row at the sequence's last position.
 template <typename scalar_t>
-void decode_one(const scalar_t* q, int64_t q_head_stride, const scalar_t* k_base, const scalar_t* v_base,
-                int64_t block_stride, int64_t token_stride, const int32_t* table, int64_t context_len,
-                int64_t block_size, int64_t group, int64_t head_dim, float scale, std::vector<float>& scores,
-                std::vector<float>& acc, std::vector<float>& qf, std::vector<float>& inv_sum, scalar_t* out,
-                int64_t out_head_stride) {
-  scores.resize(group * context_len);
-  inv_sum.resize(group);
-  acc.assign(group * head_dim, 0.f);
-  qf.resize(group * head_dim);
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t d = 0; d < head_dim; ++d) qf[g * head_dim + d] = static_cast<float>(q[g * q_head_stride + d]) * scale;
-  const int64_t num_blocks = (context_len + block_size - 1) / block_size;
+void attend(const scalar_t* q, int64_t q_token_stride, int64_t q_head_stride, int64_t rows, int64_t first_pos,
+            const scalar_t* k_base, const scalar_t* v_base, int64_t block_stride, int64_t token_stride,
+            const int32_t* table, int64_t block_size, int64_t group, int64_t head_dim, float scale,
+            std::vector<float>& scores, std::vector<float>& acc, std::vector<float>& qf, std::vector<float>& inv_sum,
+            scalar_t* out, int64_t out_token_stride) {
+  const int64_t R = rows * group, n = first_pos + rows;  // query vectors; tokens the last row sees
+  scores.resize(R * n);
+  inv_sum.resize(R);
+  acc.assign(R * head_dim, 0.f);
+  qf.resize(R * head_dim);
+  for (int64_t i = 0; i < rows; ++i)  // row r = i * group + g: query token i, head g
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t d = 0; d < head_dim; ++d)
+        qf[(i * group + g) * head_dim + d] = static_cast<float>(q[i * q_token_stride + g * q_head_stride + d]) * scale;
+  const int64_t num_blocks = (n + block_size - 1) / block_size;
   auto block = [&](const scalar_t* base, int64_t i) { return base + table[i] * block_stride; };
-  auto tokens_in = [&](int64_t i) { return std::min(block_size, context_len - i * block_size); };
+  auto tokens_in = [&](int64_t i) { return std::min(block_size, n - i * block_size); };
   auto prefetch = [&](const scalar_t* base, int64_t i) {
     if (i < num_blocks) prefetch_block(block(base, i), tokens_in(i), token_stride, head_dim);
   };
-  // Pass 1: scores = (q * scale) . k for every cached token of the sequence.
+  // Pass 1: scores = (q * scale) . k for every token the last row sees.
   for (int64_t i = 0; i < kBlocksAhead; ++i) prefetch(k_base, i);
   for (int64_t i = 0; i < num_blocks; ++i) {
     prefetch(k_base, i + kBlocksAhead);
-    block_scores<scalar_t>(qf.data(), block(k_base, i), token_stride, tokens_in(i), group, head_dim,
-                           scores.data() + i * block_size, context_len);
+    block_scores<scalar_t>(qf.data(), block(k_base, i), token_stride, tokens_in(i), R, head_dim,
+                           scores.data() + i * block_size, n);
   }
   for (int64_t i = 0; i < kBlocksAhead; ++i) prefetch(v_base, i);  // arrives during the softmax
-  // Softmax per query head (normalised at the end), then pass 2: out = sum_t p_t * v_t.
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores.data() + g * context_len;
-    inv_sum[g] = 1.f / exp_shifted_sum(s, context_len, max_of(s, context_len));
+  // Softmax per row over the positions it sees (normalised at the end; later ones weigh 0), then
+  // pass 2: out = sum_t p_t * v_t.
+  for (int64_t r = 0; r < R; ++r) {
+    float* s = scores.data() + r * n;
+    const int64_t len = first_pos + r / group + 1;
+    inv_sum[r] = 1.f / exp_shifted_sum(s, len, max_of(s, len));
+    std::fill(s + len, s + n, 0.f);
   }
   for (int64_t i = 0; i < num_blocks; ++i) {
     prefetch(v_base, i + kBlocksAhead);
-    block_values<scalar_t>(scores.data() + i * block_size, block(v_base, i), token_stride, tokens_in(i), group,
-                           head_dim, context_len, acc.data());
+    block_values<scalar_t>(scores.data() + i * block_size, block(v_base, i), token_stride, tokens_in(i), R, head_dim,
+                           n, acc.data());
   }
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t d = 0; d < head_dim; ++d)
-      out[g * out_head_stride + d] = static_cast<scalar_t>(acc[g * head_dim + d] * inv_sum[g]);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = i * group + g;
+      for (int64_t d = 0; d < head_dim; ++d)
+        out[i * out_token_stride + g * head_dim + d] = static_cast<scalar_t>(acc[r * head_dim + d] * inv_sum[r]);
+    }
 }
 
 // query [B, H, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D] (any strides, contiguous D);
@@ -354,51 +367,15 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_c
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
         const int64_t len = len_ptr[b];
-        decode_one<scalar_t>(q_ptr + b * query.stride(0) + h * group * query.stride(1), query.stride(1),
-                             k_ptr + h * k_cache.stride(2), v_ptr + h * v_cache.stride(2), k_cache.stride(0),
-                             k_cache.stride(1), table_ptr + b * max_blocks, len, block_size, group, head_dim,
-                             static_cast<float>(scale), scores, acc, qf, inv_sum,
-                             out_ptr + b * num_heads * head_dim + h * group * head_dim, head_dim);
+        attend<scalar_t>(q_ptr + b * query.stride(0) + h * group * query.stride(1), 0, query.stride(1), 1, len - 1,
+                         k_ptr + h * k_cache.stride(2), v_ptr + h * v_cache.stride(2), k_cache.stride(0),
+                         k_cache.stride(1), table_ptr + b * max_blocks, block_size, group, head_dim,
+                         static_cast<float>(scale), scores, acc, qf, inv_sum,
+                         out_ptr + b * num_heads * head_dim + h * group * head_dim, 0);
       }
     });
   });
   return out;
-}
-
-// Causal attention of `rows` consecutive query tokens of one sequence (the first at position `first_pos`)
-// for the `group` query heads of one KV head, over the sequence's cached K/V (this chunk's included: the
-// layer stores them first). The tile's rows x group query vectors share each K/V block read, and each
-// row sees the positions up to its own: decode's passes with one length per row.
-template <typename scalar_t>
-void prefill_tile(const scalar_t* q, int64_t q_token_stride, int64_t q_head_stride, int64_t rows, int64_t first_pos,
-                  const scalar_t* k_base, const scalar_t* v_base, int64_t block_stride, int64_t token_stride,
-                  const int32_t* table, int64_t block_size, int64_t group, int64_t head_dim, float scale,
-                  std::vector<float>& scores, std::vector<float>& acc, std::vector<float>& qf,
-                  std::vector<float>& inv_sum, scalar_t* out, int64_t out_token_stride) {
-  const int64_t R = rows * group, n = first_pos + rows;  // query vectors; tokens the last row sees
-  scores.resize(R * n);
-  inv_sum.resize(R);
-  acc.assign(R * head_dim, 0.f);
-  qf.resize(R * head_dim);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t d = 0; d < head_dim; ++d)
-      qf[r * head_dim + d] = static_cast<float>(q[(r / group) * q_token_stride + (r % group) * q_head_stride + d]) * scale;
-  const int64_t num_blocks = (n + block_size - 1) / block_size;
-  for (int64_t i = 0; i < num_blocks; ++i)
-    block_scores<scalar_t>(qf.data(), k_base + table[i] * block_stride, token_stride,
-                           std::min(block_size, n - i * block_size), R, head_dim, scores.data() + i * block_size, n);
-  for (int64_t r = 0; r < R; ++r) {
-    float* s = scores.data() + r * n;
-    const int64_t len = first_pos + r / group + 1;
-    inv_sum[r] = 1.f / exp_shifted_sum(s, len, max_of(s, len));
-    std::fill(s + len, s + n, 0.f);  // later positions: weight 0
-  }
-  for (int64_t i = 0; i < num_blocks; ++i)
-    block_values<scalar_t>(scores.data() + i * block_size, v_base + table[i] * block_stride, token_stride,
-                           std::min(block_size, n - i * block_size), R, head_dim, n, acc.data());
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t d = 0; d < head_dim; ++d)
-      out[(r / group) * out_token_stride + (r % group) * head_dim + d] = static_cast<scalar_t>(acc[r * head_dim + d] * inv_sum[r]);
 }
 
 constexpr int64_t kPrefillTileTokens = 8;
@@ -457,12 +434,12 @@ at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
       for (int64_t t = begin; t < end; ++t) {
         const int64_t s = order[t][1], h = order[t][2], j = order[t][3], rows = order[t][4];
         const int64_t row = cu_ptr[s] + j;
-        prefill_tile<scalar_t>(q_ptr + row * query.stride(0) + h * group * query.stride(1), query.stride(0),
-                               query.stride(1), rows, len_ptr[s] - (cu_ptr[s + 1] - cu_ptr[s]) + j,
-                               k_ptr + h * k_cache.stride(2), v_ptr + h * v_cache.stride(2), k_cache.stride(0),
-                               k_cache.stride(1), table_ptr + s * max_blocks, block_size, group, head_dim,
-                               static_cast<float>(scale), scores, acc, qf, inv_sum,
-                               out_ptr + row * num_heads * head_dim + h * group * head_dim, num_heads * head_dim);
+        attend<scalar_t>(q_ptr + row * query.stride(0) + h * group * query.stride(1), query.stride(0), query.stride(1),
+                         rows, len_ptr[s] - (cu_ptr[s + 1] - cu_ptr[s]) + j, k_ptr + h * k_cache.stride(2),
+                         v_ptr + h * v_cache.stride(2), k_cache.stride(0), k_cache.stride(1),
+                         table_ptr + s * max_blocks, block_size, group, head_dim, static_cast<float>(scale), scores,
+                         acc, qf, inv_sum, out_ptr + row * num_heads * head_dim + h * group * head_dim,
+                         num_heads * head_dim);
       }
     });
   });
