@@ -1,5 +1,6 @@
 """The trace exporter process (`python -m modelplex.otlp_exporter`, started by the server):
-length-prefixed marshal batches of `SpanData` on stdin -> OTLP/HTTP protobuf posts to the collector.
+length-prefixed marshal batches of `SpanData` on stdin -> OTLP/HTTP protobuf posts to the collector,
+each of up to --max-export-batch-size spans: what has arrived is posted once the pipe holds no more.
 
 One thread: while a post waits for a slow collector it reads no more, the server's pipe fills and
 the server drops (and counts) spans. A failed post is dropped after one retry on a fresh
@@ -12,6 +13,7 @@ import http.client
 import json
 import marshal
 import os
+import select
 import signal
 import sys
 import time
@@ -115,13 +117,21 @@ def main(argv=None) -> int:
     encoder = SpanEncoder(*resource_and_scope(json.loads(args.resource)))
     poster = Poster(args.url, args.timeout)
     stdin = sys.stdin.fileno()
+    pending: list[bytes] = []  # encoded spans not posted yet
+    limit = args.max_export_batch_size
     while header := read_exactly(stdin, 4):
         payload = read_exactly(stdin, int.from_bytes(header, "little"))
         if not payload:
             break
-        spans = encoder.span_fields(marshal.loads(payload))
-        for i in range(0, len(spans), args.max_export_batch_size):
-            poster.post(encoder.request(spans[i:i + args.max_export_batch_size]))
+        pending += encoder.span_fields(marshal.loads(payload))
+        while len(pending) >= limit:
+            poster.post(encoder.request(pending[:limit]))
+            del pending[:limit]
+        if pending and not select.select([stdin], [], [], 0)[0]:  # nothing more waiting: post what there is
+            poster.post(encoder.request(pending))
+            pending = []
+    if pending:
+        poster.post(encoder.request(pending))
     return 0
 
 
