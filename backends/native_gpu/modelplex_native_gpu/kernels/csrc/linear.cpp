@@ -135,7 +135,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
           }
           tile_rows(rows, xs + m * K, K, panel, K, nullptr, tail[0], kPanel, ahead);
           for (int64_t i = 0; i < rows; ++i) {
-            for (int64_t j = 0; j < cols; ++j) ys[(m + i) * N + n0 + j] = tail[i][j] + (b == nullptr ? 0.f : b[n0 + j]);
+            for (int64_t c = 0; c < cols; ++c) ys[(m + i) * N + n0 + c] = tail[i][c] + (b == nullptr ? 0.f : b[n0 + c]);
           }
         }
       }
