@@ -69,6 +69,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         carrier = headers_carrier(context.invocation_metadata() or ())
         reader = asyncio.create_task(self._read_stream(request_iterator, outbox, carrier))
+        # A cancel that lands while grpc is sending leaves this generator suspended at `yield`, so its
+        # `finally` would wait for garbage collection: the call ending stops the requests instead.
+        context.add_done_callback(lambda _: reader.cancel())
         try:
             while (item := await outbox.get()) is not None:
                 yield item
