@@ -125,8 +125,10 @@ def test_requests_inferences_executions_and_failures_per_model(server):
     for step in ("1", "2", "3", "4"):
         assert ensemble("modelplex_ensemble_step_count", step=step, step_model="simple") == 1
         assert ensemble("modelplex_ensemble_step_duration_us", step=step, step_model="simple") > 0
-    steps_us = sum(ensemble("modelplex_ensemble_step_duration_us", step=s, step_model="simple") for s in "1234")
-    assert steps_us <= ensemble("nv_inference_request_duration_us")
+    step_us = {s: ensemble("modelplex_ensemble_step_duration_us", step=s, step_model="simple") for s in "1234"}
+    # Steps 3 and 4 both wait only for step 2, so they may overlap (they do when a slow run sends `simple` to
+    # its thread): the chain 1 -> 2 -> the longer of 3 and 4 fits in the ensemble's time, not all four.
+    assert step_us["1"] + step_us["2"] + max(step_us["3"], step_us["4"]) <= ensemble("nv_inference_request_duration_us")
 
     for model in ("simple", "simple_batched", "sleepy", "faulty", "ensemble_add_sub"):
         assert after[("nv_model_load_duration_secs", (("model", model), ("version", "1")))] > 0
