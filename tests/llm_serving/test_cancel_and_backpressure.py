@@ -36,7 +36,8 @@ def test_grpc_cancel_aborts_the_request(llm_server, base_url, idle_engine):
         results = queue.Queue()
         client.start_stream(callback=lambda result, error, results=results: results.put((result, error)))
         try:
-            client.async_stream_infer(MODEL, grpc_inputs("Count to a thousand:", {"max_tokens": 1000, "ignore_eos": True}))
+            sampling = {"max_tokens": 1000, "ignore_eos": True}
+            client.async_stream_infer(MODEL, grpc_inputs("Count to a thousand:", sampling))
             for _ in range(3):
                 result, error = results.get(timeout=60)
                 assert error is None, error
