@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "benchmarks")]
 
 from build_repository import build  # noqa: E402
+from host_load import INFER_PATH, json_body  # noqa: E402
 
 from modelplex.http.app import create_http_app  # noqa: E402
 from modelplex.server import Server  # noqa: E402
@@ -39,10 +39,8 @@ from modelplex.tracing import TraceConfig  # noqa: E402
 TASKS = 16
 SINK = ("import sys; sys.path.insert(0, sys.argv[1]); from observability import OtlpSink; sink = OtlpSink(); "
         "print(sink.url, flush=True); sys.stdin.read(); print(sink.num_posts, flush=True)")
-BODY = json.dumps({"inputs": [
-    {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
-    {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16}]}).encode()
-SCOPE = {"type": "http", "method": "POST", "path": "/v2/models/simple/infer",
+BODY = json_body()  # the body wrk sends in observability.py
+SCOPE = {"type": "http", "method": "POST", "path": INFER_PATH,
          "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
                      (b"content-length", str(len(BODY)).encode())]}
 
