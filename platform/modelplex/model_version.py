@@ -15,7 +15,7 @@ from .batching import DynamicBatcher
 from .errors import InternalError, ModelplexError, Unavailable
 from .stats import ModelStats
 from .tensors import InferRequest, InferResponse
-from .trace_spans import current_span
+from .trace_spans import current_span, share
 from .validation import RequestValidator
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,9 @@ class ModelVersion:
         self._initial_adapters = list(adapters)
         self.validator = RequestValidator(ctx.config)
         self.decoupled = ctx.config.model_transaction_policy.decoupled
-        self._span_name = f"infer {self.name}"
-        self._span_attributes = {"model": self.name, "version": self.version}  # shared by its spans: never changed
+        # Shared by its spans (recorded by reference): never changed.
+        self._span_name = share(f"infer {self.name}")
+        self._span_attributes = share({"model": self.name, "version": self.version})
         self.inflight = 0
         self._idle: asyncio.Queue[ModelInstance] = asyncio.Queue()
         self._drained = asyncio.Event()

@@ -1,6 +1,7 @@
 """The trace exporter process (`python -m modelplex.otlp_exporter`, started by the server):
-length-prefixed marshal batches of `SpanData` on stdin -> OTLP/HTTP protobuf posts to the collector,
-each of up to --max-export-batch-size spans: what has arrived is posted once the pipe holds no more.
+length-prefixed marshal-ed span records (`Recorder.take` batches) on stdin -> OTLP/HTTP protobuf
+posts to the collector, each of up to --max-export-batch-size spans: what has arrived is posted once
+the pipe holds no more.
 
 One thread: while a post waits for a slow collector it reads no more, the server's pipe fills and
 the server drops (and counts) spans. A failed post is dropped after one retry on a fresh
@@ -20,6 +21,7 @@ import time
 from urllib.parse import unquote, urlsplit
 
 from .otlp_encoding import SpanEncoder
+from .trace_spans import SpanDecoder
 
 LOG_EVERY_S = 60.0
 
@@ -115,6 +117,7 @@ def main(argv=None) -> int:
     except OSError:
         pass
     encoder = SpanEncoder(*resource_and_scope(json.loads(args.resource)))
+    decoder = SpanDecoder()
     poster = Poster(args.url, args.timeout)
     stdin = sys.stdin.fileno()
     pending: list[bytes] = []  # encoded spans not posted yet
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
         payload = read_exactly(stdin, int.from_bytes(header, "little"))
         if not payload:
             break
-        pending += encoder.span_fields(marshal.loads(payload))
+        pending += encoder.span_fields(decoder.decode(marshal.loads(payload)))
         while len(pending) >= limit:
             poster.post(encoder.request(pending[:limit]))
             del pending[:limit]

@@ -1,14 +1,14 @@
-"""Export of recorded spans, off the request path: batches taken from the `SpanBuffer` go to a
+"""Export of recorded spans, off the request path: batches taken from the `Recorder` go to a
 sink, from the event loop the spans end on. In a server the sink is an exporter process
-(`otlp_exporter`) fed marshal-ed batches through a pipe, so OTLP encoding and HTTP never hold the
-serving process's GIL; tests may give an OpenTelemetry SDK `SpanExporter` instead (spans become
-`ReadableSpan`s).
+(`otlp_exporter`) fed marshal-ed batches through a pipe, so decoding, OTLP encoding and HTTP never
+hold the serving process's GIL; tests may give an OpenTelemetry SDK `SpanExporter` instead (spans
+become `ReadableSpan`s).
 
 No thread: a second Python thread in the serving process, woken for every batch, fights a busy
 event loop for the GIL (measured in-process on `simple` with the loop never idle: ~1,000 context
 switches a wake-up, ~8 µs of CPU a traced request; over sockets at 16 connections the loop waits
-in epoll often enough that no difference showed), while marshal-ing a batch on the loop costs
-~0.4 µs a span and the pipe write never waits.
+in epoll often enough that no difference showed), while a batch of records is one bytes object to
+marshal and the pipe write never waits.
 
 Bounded everywhere: while the exporter is behind, its pipe is full and the batch waits for it (the
 loop writes the rest when the pipe has room); the buffer then fills and further spans are dropped
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from .trace_spans import SpanBuffer, expand_children
+from .trace_spans import Recorder, SpanDecoder, batch_size_of, expand_children, shared
 
 log = logging.getLogger(__name__)
 RESTART_DELAY_S = 5.0
@@ -38,7 +38,7 @@ class LoopExport:
     """Sends the buffer's spans to `sink` `delay_s` after the first span of a batch, or as soon as a
     full batch waits, on the running event loop (spans end on the server's loop)."""
 
-    def __init__(self, buffer: SpanBuffer, sink, delay_s: float, batch_size: int):
+    def __init__(self, buffer: Recorder, sink, delay_s: float, batch_size: int):
         self.buffer, self.sink, self.delay_s, self.batch_size = buffer, sink, delay_s, batch_size
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -57,7 +57,7 @@ class LoopExport:
                 self._soon = True
                 loop.call_soon(self._send_due)
         elif self._timer is None:
-            self.buffer.clocks.refresh()
+            self.buffer.refresh_clocks()
             self._timer = loop.call_later(self.delay_s, self._send_due)
 
     def _send_due(self) -> None:
@@ -72,7 +72,7 @@ class LoopExport:
         the rest follows when the sink's pipe has room (or waits in the bounded buffer)."""
         while not self.sink.busy and (batch := self.buffer.take(self.batch_size)):
             self._send(batch)
-        self.buffer.clocks.refresh()
+        self.buffer.refresh_clocks()
         if self.sink.busy and self._waiting_fd is None and self._loop is not None:
             self._waiting_fd = self.sink.fileno()
             self._loop.add_writer(self._waiting_fd, self._writable)
@@ -101,12 +101,12 @@ class LoopExport:
             self._send(batch)
         self.sink.close(max(0.0, deadline - time.monotonic()))
 
-    def _send(self, batch: list[tuple]) -> None:
+    def _send(self, batch: tuple) -> None:
         try:
             self.sink.send(batch)
         except Exception:  # noqa: BLE001 - export must never fail a request or the loop
-            self.buffer.num_dropped += len(batch)
-            log.exception("trace export failed; %d spans dropped", len(batch))
+            self.buffer.num_dropped += batch_size_of(batch)
+            log.exception("trace export failed; %d spans dropped", batch_size_of(batch))
 
     @property
     def num_dropped(self) -> int:
@@ -114,9 +114,11 @@ class LoopExport:
 
 
 class ExporterProcess:
-    """`python -m modelplex.otlp_exporter`: reads length-prefixed marshal batches of `SpanData` on
-    stdin, encodes them as OTLP protobuf and posts them to the collector. Written without blocking:
-    what the pipe cannot take yet is kept (`busy`) until `write_pending` gets it through."""
+    """`python -m modelplex.otlp_exporter`: reads length-prefixed marshal-ed `Recorder.take` batches
+    on stdin, decodes them, encodes them as OTLP protobuf and posts them to the collector. Written
+    without blocking: what the pipe cannot take yet is kept (`busy`) until `write_pending` gets it
+    through. A batch carries the shared objects its process has not had yet (a restarted process
+    gets them all again)."""
 
     def __init__(self, url: str, resource: dict[str, str], batch_size: int, timeout_s: float = 5.0):
         self.command = [sys.executable, "-m", "modelplex.otlp_exporter", "--url", url, "--resource",
@@ -130,6 +132,7 @@ class ExporterProcess:
 
     def _start(self) -> None:
         self._started = time.monotonic()
+        self._shared_known = 0  # shared objects the process has
         # Its own session: a terminal's Ctrl-C reaches the server, which then closes the pipe (the
         # exporter sends what it has and exits); if the server dies, the exporter sees end of file.
         self._proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, start_new_session=True)
@@ -148,15 +151,21 @@ class ExporterProcess:
     def fileno(self) -> int:
         return self._proc.stdin.fileno()
 
-    def send(self, batch: list[tuple]) -> None:
+    def send(self, batch: tuple) -> None:
         if self._proc.poll() is not None:
             if time.monotonic() - self._started < RESTART_DELAY_S:
-                self.num_dropped += len(batch)
+                self.num_dropped += batch_size_of(batch)
                 return
             log.warning("trace exporter process exited with %s; restarting it", self._proc.returncode)
             self._start()
-        data = marshal.dumps(batch)
-        self._pending, self._pending_spans = memoryview(len(data).to_bytes(4, "little") + data), len(batch)
+        shared_start, new_shared, *rest = batch
+        if self._shared_known < shared_start:  # a new process, or a batch it never got
+            new_shared = shared[self._shared_known:shared_start] + new_shared
+            shared_start = self._shared_known
+        data = marshal.dumps((shared_start, new_shared, *rest))
+        self._shared_known = shared_start + len(new_shared)
+        self._pending = memoryview(len(data).to_bytes(4, "little") + data)
+        self._pending_spans = batch_size_of(batch)
         self.write_pending()
 
     def write_pending(self) -> None:
@@ -208,11 +217,12 @@ class SdkExporterSink:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-        self.exporter = exporter
+        self.exporter, self.decoder = exporter, SpanDecoder()
         self.resource, self.scope = Resource.create(resource), InstrumentationScope("modelplex")
 
-    def send(self, batch: list[tuple]) -> None:
-        self.exporter.export([readable_span(s, self.resource, self.scope) for s in expand_children(batch)])
+    def send(self, batch: tuple) -> None:
+        spans = expand_children(self.decoder.decode(batch))
+        self.exporter.export([readable_span(s, self.resource, self.scope) for s in spans])
 
     def wait_pending(self, deadline: float) -> bool:
         return True

@@ -4,21 +4,18 @@ OTLP export (OpenTelemetry's wire format and W3C trace context).
 A front door asks `Tracing.sample` only when `Tracing.enabled` and opens `request_span` for a
 sampled request; inside it the span is `trace_spans.current_span`, and the rest of the path (model
 versions, ensemble steps, BLS calls, streams) adds children to whatever span is current: an
-untraced request pays one context-variable read per model. Spans are plain data (`trace_spans`);
-encoding and export happen in another process (`trace_export`, `otlp_exporter`).
+untraced request pays one context-variable read per model. Spans are recorded in C as plain records
+(`trace_spans`); encoding and export happen in another process (`trace_export`, `otlp_exporter`).
 """
 from __future__ import annotations
 
 import logging
 import os
-import random
-import re
-import time
 from dataclasses import dataclass, field
 
 from .errors import InvalidInput
 from .trace_export import ExporterProcess, LoopExport, SdkExporterSink
-from .trace_spans import SPAN_KIND_SERVER, Span, SpanBuffer, current_span
+from .trace_spans import Recorder, Span, new_recorder
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +24,6 @@ UPDATABLE = ("trace_level", "trace_rate", "trace_count")
 FIXED = ("log_frequency", "trace_file", "trace_mode")  # reported, not changeable here
 SPANS_PER_REQUEST = 4  # a traced request's usual spans: server, model, queue, compute
 HANDOFF_REQUESTS = 64  # the most requests the event loop hands the exporter at once
-_getrandbits = random.getrandbits
-_time_ns = time.time_ns
 
 
 def default_otlp_url(env) -> str:
@@ -120,7 +115,7 @@ class Tracing:
         self._global = _Sampler(self.config.level, self.config.rate, self.config.count)
         self._models: dict[str, dict] = {}  # model -> its overridden settings
         self._samplers: dict[str, _Sampler] = {}
-        self._buffer: SpanBuffer | None = None
+        self._buffer: Recorder | None = None
         self._export: LoopExport | None = None
         self.enabled = False
         self._refresh()
@@ -175,7 +170,7 @@ class Tracing:
         # server CPU a traced request: hand-offs of 512 requests 77.0 µs, 128 74.2 (plain 66.0); with the
         # exporter coalescing its posts, 128 78.6, 64 76.8, 32 77.3 (plain 69.6, a noisier hour).
         requests_per_batch = max(1, min(HANDOFF_REQUESTS, batch_size // SPANS_PER_REQUEST))
-        self._buffer = SpanBuffer(c.bsp_max_queue_size, requests_per_batch)
+        self._buffer = new_recorder(c.bsp_max_queue_size, requests_per_batch)
         if self._exporter is None:
             sink = ExporterProcess(c.url, c.resource, batch_size)
         else:
@@ -202,41 +197,11 @@ class Tracing:
         """Whether to trace this request (front doors ask once per request, on the event loop)."""
         return self._samplers.get(model, self._global).take()
 
-    def request_span(self, name: str, carrier: dict, attributes: dict) -> Span:
-        """A front door's server span for one sampled request (`with` it), child of the client's
-        `traceparent` when there is a valid one, else the root of a new trace."""
-        parent = parse_traceparent(carrier) if carrier else None
-        if parent is None:
-            return Span(self._buffer, name, _getrandbits(128) or 1, 0, False, "", SPAN_KIND_SERVER, attributes)
-        return Span(self._buffer, name, parent[0], parent[1], True, parent[2], SPAN_KIND_SERVER, attributes)
-
-
-_TRACEPARENT = re.compile(r"[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*")
-
-
-def parse_traceparent(carrier: dict) -> tuple[int, int, str] | None:
-    """(trace id, parent span id, tracestate) of a valid W3C `traceparent`, else None (a new trace)."""
-    match = _TRACEPARENT.fullmatch(carrier.get("traceparent", ""))
-    if match is None or match[1] == "ff" or (match[1] == "00" and match[5]):
-        return None
-    trace_id, span_id = int(match[2], 16), int(match[3], 16)
-    if not trace_id or not span_id:
-        return None
-    state = ",".join(p.strip() for p in carrier.get("tracestate", "").split(",") if "=" in p)
-    return trace_id, span_id, state
-
-
-def headers_carrier(headers) -> dict:
-    """The W3C trace context among (name, value) pairs: ASGI's bytes or gRPC metadata's str."""
-    carrier = {}
-    for key, value in headers:
-        if key in _CONTEXT_HEADERS:
-            key = key.decode("latin-1") if isinstance(key, bytes) else key
-            carrier[key] = value.decode("latin-1") if isinstance(value, bytes) else value
-    return carrier
-
-
-_CONTEXT_HEADERS = frozenset((b"traceparent", b"tracestate", "traceparent", "tracestate"))
+    def request_span(self, name: str, attributes: dict, headers) -> Span:
+        """A front door's server span for one sampled request (`with` it, or enter it and `close`
+        it), child of the client's `traceparent` among `headers` ((name, value) pairs: ASGI's bytes
+        or gRPC metadata's str) when that is valid, else the root of a new trace."""
+        return self._buffer.server_span(name, attributes, headers)
 
 
 def _parse_setting(key: str, value):

@@ -9,6 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from modelplex.trace_spans import new_recorder, share
+
 
 def receiver():
     """An OTLP/HTTP receiver recording the span names of each post."""
@@ -32,18 +34,15 @@ def receiver():
     return httpd, posts
 
 
-def span(name: str) -> tuple:
-    """A `SpanData` tuple (trace_spans) without children."""
-    return (7, 1 + len(name), 0, False, "", name, 2, 1_000, 2_000, {"k": "v"}, None, 0, "")
-
-
 def test_batches_waiting_in_the_pipe_are_posted_together_up_to_the_batch_size():
     """Three hand-offs of three spans, all in the pipe before the exporter reads: posted as 5 + 4 spans
     (the size limit, then the rest once the pipe is drained), not as three posts of 3."""
     httpd, posts = receiver()
     names = [f"s{i}" for i in range(9)]
-    data = b"".join(len(m).to_bytes(4, "little") + m
-                    for m in (marshal.dumps([span(n) for n in names[i:i + 3]]) for i in (0, 3, 6)))
+    recorder, attributes = new_recorder(max_size=16, batch_size=16), share({"k": "v"})
+    for name in names:
+        recorder.server_span(name, attributes, ()).end()
+    data = b"".join(len(m).to_bytes(4, "little") + m for m in (marshal.dumps(recorder.take(3)) for _ in range(3)))
     try:
         proc = subprocess.run([sys.executable, "-m", "modelplex.otlp_exporter", "--url",
                                f"http://127.0.0.1:{httpd.server_port}/v1/traces", "--max-export-batch-size", "5"],

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from modelplex.trace_spans import (SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, STATUS_ERROR, STATUS_UNSET, Span, SpanBuffer,
-                                   current_span, expand_children)
+from modelplex.trace_spans import (SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, STATUS_ERROR, STATUS_UNSET, Span, SpanDecoder,
+                                   current_span, expand_children, new_recorder)
 
 
 def test_a_model_span_added_once_done_nests_its_phases_and_keeps_its_error():
-    buffer = SpanBuffer(max_size=16, batch_size=16)
-    with Span(buffer, "POST /v2/models/m/infer", 7, 0, False, "", SPAN_KIND_SERVER, {}) as server:
+    recorder = new_recorder(max_size=16, batch_size=16)
+    with Span(recorder, "POST /v2/models/m/infer", 7, 0, False, "", SPAN_KIND_SERVER, {}) as server:
         t = time.perf_counter_ns()
         server.model_span("infer m", {"model": "m"}, t, t + 1_000, t + 2_000, 3,
                           [("prefill", time.monotonic_ns(), time.monotonic_ns() + 500, {"tokens": 4})])
@@ -20,7 +20,7 @@ def test_a_model_span_added_once_done_nests_its_phases_and_keeps_its_error():
         server.model_span_failed("infer m", {"model": "m"}, time.perf_counter_ns(), asyncio.CancelledError())
         assert current_span.get() is server
     assert current_span.get() is None
-    spans = expand_children(buffer.take(16))
+    spans = expand_children(SpanDecoder().decode(recorder.take(16)))
     assert len(spans) == 7 and len({s[1] for s in spans}) == 7 and {s[0] for s in spans} == {7}
     root, ok, queue, compute, prefill, failed, cancelled = spans
     assert root[5] == "POST /v2/models/m/infer" and root[2] == 0

@@ -10,7 +10,7 @@ from tritonclient.grpc import service_pb2_grpc
 from ..dataplane import DataPlane
 from ..errors import InvalidInput, NotFound
 from ..logging_setup import LOG_SETTINGS
-from ..tracing import headers_carrier
+from ..trace_spans import share
 from .codec import decode_request, encode_response
 from .status import error_message, guarded, unimplemented
 
@@ -19,11 +19,14 @@ ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL_RESPONSE = "triton_final_response"
 FILE_PREFIX = "file:"
 SEND_IN_REQUEST = "send tensors in the request (raw_input_contents)"
+_MAX_SHARED_SPAN_ATTRIBUTES = 1024  # (method, model) pairs: clients choose the model names
+_SPAN_NAMES = {method: share(method) for method in ("ModelInfer", "ModelStreamInfer")}
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane):
         self.dataplane = dataplane
+        self._span_attributes: dict[tuple[str, str], dict] = {}
 
     # ---- health and metadata ------------------------------------------------------------
     @guarded
@@ -59,16 +62,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return encode_response(await self.dataplane.infer(decode_request(request, self.dataplane.settings.tensor_limits)))
 
     async def _traced_infer(self, request, context):
-        carrier = headers_carrier(context.invocation_metadata() or ())
-        attributes = {"rpc.system": "grpc", "rpc.method": "ModelInfer", "model": request.model_name}
-        with self.dataplane.tracing.request_span("ModelInfer", carrier, attributes):
+        attributes = self._server_span_attributes("ModelInfer", request.model_name)
+        with self.dataplane.tracing.request_span(_SPAN_NAMES["ModelInfer"], attributes,
+                                                 context.invocation_metadata() or ()):
             return encode_response(await self.dataplane.infer(decode_request(request, self.dataplane.settings.tensor_limits)))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests are served concurrently; responses go out as they come, errors as `error_message`."""
         outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        carrier = headers_carrier(context.invocation_metadata() or ())
-        reader = asyncio.create_task(self._read_stream(request_iterator, outbox, carrier))
+        metadata = context.invocation_metadata() or ()
+        reader = asyncio.create_task(self._read_stream(request_iterator, outbox, metadata))
         # A cancel that lands while grpc is sending leaves this generator suspended at `yield`, so its
         # `finally` would wait for garbage collection: the call ending stops the requests instead.
         context.add_done_callback(lambda _: reader.cancel())
@@ -79,14 +82,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             reader.cancel()
 
-    async def _read_stream(self, request_iterator, outbox: asyncio.Queue, carrier: dict) -> None:
+    async def _read_stream(self, request_iterator, outbox: asyncio.Queue, metadata) -> None:
         tasks: set[asyncio.Task] = set()
         try:
             async for msg in request_iterator:
                 one = self._stream_one(msg, outbox)
                 tracing = self.dataplane.tracing
                 if tracing.enabled and tracing.sample(msg.model_name):
-                    one = self._traced_stream_one(msg, one, carrier)
+                    one = self._traced_stream_one(msg, one, metadata)
                 task = asyncio.create_task(one)
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -96,11 +99,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
             outbox.put_nowait(None)
 
-    async def _traced_stream_one(self, msg: pb.ModelInferRequest, one, carrier: dict) -> None:
+    async def _traced_stream_one(self, msg: pb.ModelInferRequest, one, metadata) -> None:
         """One stream request inside its own server span (every request of a stream shares its parent)."""
-        attributes = {"rpc.system": "grpc", "rpc.method": "ModelStreamInfer", "model": msg.model_name}
-        with self.dataplane.tracing.request_span("ModelStreamInfer", carrier, attributes):
+        attributes = self._server_span_attributes("ModelStreamInfer", msg.model_name)
+        with self.dataplane.tracing.request_span(_SPAN_NAMES["ModelStreamInfer"], attributes, metadata):
             await one
+
+    def _server_span_attributes(self, method: str, model: str) -> dict:
+        """A server span's attributes, one dict per method and model shared by their spans (recorded
+        by reference, never changed)."""
+        attributes = self._span_attributes.get((method, model))
+        if attributes is None:
+            attributes = {"rpc.system": "grpc", "rpc.method": method, "model": model}
+            if len(self._span_attributes) < _MAX_SHARED_SPAN_ATTRIBUTES:
+                self._span_attributes[(method, model)] = share(attributes)
+        return attributes
 
     async def _stream_one(self, msg: pb.ModelInferRequest, outbox: asyncio.Queue) -> None:
         """Triton's flags: a non-decoupled model's one response is final; a decoupled model's responses

@@ -12,7 +12,7 @@ import re
 from ..dataplane import DataPlane
 from ..errors import ModelplexError
 from ..settings import ServerConfig
-from ..trace_spans import STATUS_ERROR, current_span
+from ..trace_spans import STATUS_ERROR, STATUS_UNSET, share
 from ..tracing import Tracing
 from .body import ClientGone, compress, parse_length, read_body, response_encoding
 from .codec import decode_request, encode_error, encode_response
@@ -24,7 +24,6 @@ INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _BINARY_TYPE = (b"content-type", b"application/octet-stream")
 _WANTED = {b"content-length", b"content-encoding", b"accept-encoding", b"inference-header-content-length"}
-_TRACE_CONTEXT = frozenset((b"traceparent", b"tracestate"))
 _MAX_SHARED_SPAN_FIELDS = 1024
 
 
@@ -58,31 +57,29 @@ class InferEndpoint:
 
     async def traced(self, tracing: Tracing, scope, receive, send, model: str, version: str | None) -> None:
         """`__call__` inside the server span of a sampled request."""
-        carrier = {k.decode(): v.decode("latin-1") for k, v in scope["headers"] if k in _TRACE_CONTEXT}
         fields = self._span_fields.get(scope["path"]) or self._new_span_fields(scope["path"], model)
-        span = tracing.request_span(fields[0], carrier, fields[1])
-        token = current_span.set(span)  # what `with span:` does, in line: this runs on every traced request
+        span = tracing.request_span(fields[0], fields[1], scope["headers"])
+        span.__enter__()  # what `with span:` does, with `close` at the end: one call each way
         status = None
         try:
             status = await self(scope, receive, send, model, version)
         finally:  # `self` answers every error itself; a cancelled request's span ends without a status
-            current_span.reset(token)
             if status == 200:
-                span.attributes = fields[2]
-            elif status is not None:
-                span.attributes = {**fields[1], "http.response.status_code": status}
-                if status >= 500:
-                    span.set_status(STATUS_ERROR)
-            span.end()
+                span.close(fields[2], STATUS_UNSET)
+            elif status is None:
+                span.close(None, STATUS_UNSET)
+            else:
+                span.close({**fields[1], "http.response.status_code": status},
+                           STATUS_ERROR if status >= 500 else STATUS_UNSET)
 
     def _new_span_fields(self, path: str, model: str) -> tuple[str, dict, dict]:
         """A path's server span name, attributes, and attributes once answered 200. Shared by every
-        request on the path (never changed): nothing is built per request, and what waits for export
-        stays small (see `trace_spans`). At most `_MAX_SHARED_SPAN_FIELDS` paths: clients choose them."""
+        request on the path (never changed): nothing is built per request, and spans record them by
+        reference (`share`). At most `_MAX_SHARED_SPAN_FIELDS` paths: clients choose them."""
         attributes = {"http.request.method": "POST", "url.path": path, "model": model}
         fields = (f"POST {path}", attributes, {**attributes, "http.response.status_code": 200})
         if len(self._span_fields) < _MAX_SHARED_SPAN_FIELDS:
-            self._span_fields[path] = fields
+            self._span_fields[path] = fields = tuple(share(field) for field in fields)
         return fields
 
     async def refuse_method(self, scope, send) -> None:

@@ -5,7 +5,7 @@ import re
 from typing import Awaitable, Callable
 
 from ..trace_spans import STATUS_ERROR
-from ..tracing import Tracing, headers_carrier
+from ..tracing import Tracing
 
 # Traced besides infer: the generate extension and the OpenAI routes (their model is in the body,
 # read later: they are sampled by the global settings, "").
@@ -26,8 +26,7 @@ async def traced(tracing: Tracing, scope, send, model: str, handler: Callable[[C
     attributes = {"http.request.method": scope["method"], "url.path": scope["path"]}
     if model:
         attributes["model"] = model
-    with tracing.request_span(f"{scope['method']} {scope['path']}", headers_carrier(scope["headers"]),
-                              attributes) as span:
+    with tracing.request_span(f"{scope['method']} {scope['path']}", attributes, scope["headers"]) as span:
         async def send_recording_status(message) -> None:
             if message["type"] == "http.response.start":
                 span.set_attribute("http.response.status_code", message["status"])
