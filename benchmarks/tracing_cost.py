@@ -5,8 +5,9 @@ the median of the paired differences in CPU µs a request.
 
 `observability.py` measures the figure users see (req/s over sockets, one server per configuration),
 but a traced server's CPU a request varies by several µs from one process to the next; pairing
-rounds in one process does better (three runs of 10 pairs here: +6.6, +7.0, +7.4 µs), enough to tell
-whether a change to the traced path helps by a µs or more. Each request returns to the event loop, as
+rounds in one process does better (runs of 10 pairs here: +6.6, +7.0, +7.4 µs with spans recorded in
+Python; +4.0, +4.3, +3.3 with the C recorder), enough to tell whether a change to the traced path helps by a
+µs or more. Each request returns to the event loop, as
 over sockets: a loop that never gets control never exports, and the spans would be dropped instead.
 Spans go to a real exporter process and an OTLP sink in another process (their CPU is not counted; a
 sink thread in this process would be, and would take the GIL from the loop).

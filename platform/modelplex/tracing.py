@@ -164,11 +164,11 @@ class Tracing:
     def _start_export(self) -> None:
         c = self.config
         batch_size = min(c.bsp_max_export_batch_size, c.bsp_max_queue_size)
-        # The queue holds requests (a server span carrying its children); the exporter process posts up to
-        # `batch_size` spans at once. The loop hands it small batches (their requests' spans, at most
-        # HANDOFF_REQUESTS): span data held longer is cold by the time it is marshalled. wrk A/B on `simple`,
-        # server CPU a traced request: hand-offs of 512 requests 77.0 µs, 128 74.2 (plain 66.0); with the
-        # exporter coalescing its posts, 128 78.6, 64 76.8, 32 77.3 (plain 69.6, a noisier hour).
+        # The queue holds records (a request's server span with its model span inline; any other span with
+        # its children); the exporter process posts up to `batch_size` spans at once. The loop hands it at
+        # most HANDOFF_REQUESTS records at a time: in-process (tracing_cost.py), hand-offs of 16 cost a
+        # traced request ~1 µs more than 64, and 128 or 256 no less than 64. (When spans waited as Python
+        # tuples, larger hand-offs cost more over sockets: the data was cold by the time it was marshalled.)
         requests_per_batch = max(1, min(HANDOFF_REQUESTS, batch_size // SPANS_PER_REQUEST))
         self._buffer = new_recorder(c.bsp_max_queue_size, requests_per_batch)
         if self._exporter is None:
