@@ -476,6 +476,9 @@ static PyObject *span_end(SpanCore *self, PyObject *unused) {
     int32_t name = shared_ref(self->name), attributes = shared_ref(self->attributes);
     int32_t m_name = self->has_model ? shared_ref(self->m_name) : 0;
     int32_t m_attributes = self->has_model ? shared_ref(self->m_attributes) : 0;
+    Record *rec = new_record(r); /* first: a failure leaves no extras without their record */
+    if (rec == NULL)
+        return NULL;
     int64_t extra = -1;
     if (name < 0 || attributes < 0 || m_name < 0 || m_attributes < 0 || is_set(self->trace_state) ||
         is_set(self->status_message) || is_set(self->events) || is_set(self->children)) {
@@ -486,14 +489,12 @@ static PyObject *span_end(SpanCore *self, PyObject *unused) {
                                    m_attributes < 0 ? or_none(self->m_attributes) : Py_None);
         if (t == NULL || PyList_Append(r->extras, t) < 0) {
             Py_XDECREF(t);
+            r->count--;
             return NULL;
         }
         Py_DECREF(t);
         extra = r->extras_base + PyList_GET_SIZE(r->extras) - 1;
     }
-    Record *rec = new_record(r);
-    if (rec == NULL)
-        return NULL;
     *rec = (Record){self->trace_hi, self->trace_lo, self->span_id, self->parent_id, self->start, wall_ns(),
                     self->m_enqueue, self->m_start, self->m_end, self->m_batch, extra, name, attributes, m_name,
                     m_attributes, (uint8_t)self->status, (uint8_t)self->kind,
