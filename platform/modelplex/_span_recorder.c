@@ -691,8 +691,8 @@ static PyMethodDef span_methods[] = {
 
 static PyTypeObject SpanCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    /* Not garbage-collected: a span refers to no object that refers back to it (its children and
-     * events are data), and untracked objects are cheaper to make. */
+    /* No traverse: a span refers to no object that refers back to it (its children and events are
+     * data). Its Python subclass is collected as any heap type's instances are, without these fields. */
     .tp_name = "modelplex._span_recorder.SpanCore",
     .tp_basicsize = sizeof(SpanCore),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
