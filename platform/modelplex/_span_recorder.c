@@ -1,10 +1,11 @@
 /* The span recorder in C: what a sampled request records on the event loop, kept as fixed-size binary
  * records in one buffer until the export takes them (see trace_spans.py for the Python side).
  *
- * Why C: on `simple` a traced request over HTTP cost ~7 us in Python (~10% of the request), spread over
- * a span object, its ids, a context variable, the tuples that wait for export and marshal-ing them; each
- * Python step runs with cold caches on the request path. Here a span is one small object whose end
- * copies ~100 bytes into the buffer: names and attribute dicts the request path reuses (a route's, a
+ * Why C: with spans recorded in Python a traced `simple` request cost ~7 us more in-process (10-17% fewer
+ * requests/s over HTTP), spread over a span object, its ids, a context variable, the tuples that waited for
+ * export and marshal-ing them; each Python step runs with cold caches on the request path. With this
+ * recorder it costs ~3.5 us (benchmarks/results/observability.md). A span is one small object whose end
+ * copies 112 bytes into the buffer: names and attribute dicts the request path reuses (a route's, a
  * model version's) are registered once (`share`) and recorded as table indices; anything else
  * a span carries (events, further children, a request's own dicts) rides along as one Python tuple.
  *
