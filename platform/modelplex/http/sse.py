@@ -3,14 +3,15 @@
 Waiting for the first response before answering lets an error that happens at admission (bad
 input, queue full) keep its HTTP status; later errors can only travel as an event. Starlette
 cancels the body iterator when the client disconnects, and the cancellation unwinds every
-generator below it (for an LLM, the engine's stream aborts the request and frees its KV blocks).
-Before the body starts (queued, or a whole answer being assembled) `until_disconnected` does it.
+generator below it (for an LLM, the engine's stream aborts the request and frees its KV blocks);
+a disconnect that lands while an event is being sent leaves the generator at `yield`, so the response
+closes it (`ClosingStreamingResponse`). Before the body starts (queued, or a whole answer being assembled) `until_disconnected` does it.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
 
 import orjson
 from starlette.responses import StreamingResponse
@@ -63,8 +64,21 @@ async def first_and_rest(stream: AsyncIterator):
     return first, stream
 
 
-def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream; charset=utf-8", headers=SSE_HEADERS)
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes its events however the response ends. A client that leaves while an event is being sent
+    ends the response in `send`, with the events' generator suspended at `yield`: unclosed, its request
+    would run on until the generator is garbage-collected (reference counting does it today; a cycle
+    would not)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+def sse_response(events: AsyncGenerator[bytes, None]) -> StreamingResponse:
+    return ClosingStreamingResponse(events, media_type="text/event-stream; charset=utf-8", headers=SSE_HEADERS)
 
 
 async def relay(first, stream: AsyncIterator, encode: Callable, on_error: Callable) -> AsyncIterator[bytes]:
