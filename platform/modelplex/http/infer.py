@@ -79,7 +79,9 @@ class InferEndpoint:
         attributes = {"http.request.method": "POST", "url.path": path, "model": model}
         fields = (f"POST {path}", attributes, {**attributes, "http.response.status_code": 200})
         if len(self._span_fields) < _MAX_SHARED_SPAN_FIELDS:
-            self._span_fields[path] = fields = tuple(share(field) for field in fields)
+            for field in fields:
+                share(field)
+            self._span_fields[path] = fields
         return fields
 
     async def refuse_method(self, scope, send) -> None:

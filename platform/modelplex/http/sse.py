@@ -5,7 +5,8 @@ input, queue full) keep its HTTP status; later errors can only travel as an even
 cancels the body iterator when the client disconnects, and the cancellation unwinds every
 generator below it (for an LLM, the engine's stream aborts the request and frees its KV blocks);
 a disconnect that lands while an event is being sent leaves the generator at `yield`, so the response
-closes it (`ClosingStreamingResponse`). Before the body starts (queued, or a whole answer being assembled) `until_disconnected` does it.
+closes it (`ClosingStreamingResponse`). Before the body starts (queued, or a whole answer being
+assembled) `until_disconnected` does it.
 """
 from __future__ import annotations
 
