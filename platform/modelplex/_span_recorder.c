@@ -378,10 +378,8 @@ static PyObject *Recorder_server_span(Recorder *self, PyObject *const *args, Py_
     PyObject *traceparent = NULL, *tracestate = NULL;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(headers); i++) {
         PyObject *pair = PySequence_Fast_GET_ITEM(headers, i);
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-            if (!PyList_Check(pair) || PyList_GET_SIZE(pair) != 2)
-                continue;
-        }
+        if (!(PyTuple_Check(pair) || PyList_Check(pair)) || PySequence_Fast_GET_SIZE(pair) != 2)
+            continue; /* not a (name, value) pair */
         PyObject *key = PySequence_Fast_GET_ITEM(pair, 0), *value = PySequence_Fast_GET_ITEM(pair, 1);
         if (traceparent == NULL && is_named(key, "traceparent"))
             traceparent = value;
