@@ -201,9 +201,11 @@ static PyObject *Recorder_take(Recorder *self, PyObject *arg) {
     PyObject *extras = PyList_GetSlice(self->extras, 0, num_extras);
     PyObject *new_shared = PyList_GetSlice(shared, self->shared_taken, PyList_GET_SIZE(shared));
     PyObject *result = NULL;
-    if (records && extras && new_shared && PyList_SetSlice(self->extras, 0, num_extras, NULL) == 0)
+    if (records && extras && new_shared)
         result = Py_BuildValue("(nOOLO)", self->shared_taken, new_shared, records, (long long)self->extras_base,
                                extras);
+    if (result && PyList_SetSlice(self->extras, 0, num_extras, NULL) < 0) /* nothing taken unless all is */
+        Py_CLEAR(result);
     Py_XDECREF(records);
     Py_XDECREF(extras);
     Py_XDECREF(new_shared);
