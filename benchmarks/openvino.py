@@ -55,7 +55,7 @@ def request_inputs(repo: Path, batch: int) -> dict[str, np.ndarray]:
 def compile_direct(repo: Path):
     """minilm_ov's IR compiled as its config.pbtxt asks (the properties the backend derives from it)."""
     import openvino as ov
-    from modelplex.model_config import load_config_file, parameters_of
+    from modelplex.models.config import load_config_file, parameters_of
     from modelplex_openvino.properties import compile_properties
 
     config = load_config_file(repo / "minilm_ov" / "config.pbtxt")

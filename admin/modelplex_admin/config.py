@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from modelplex.extensions import ServeOption, parse_bool
+from modelplex import ServeOption, parse_bool
 
 GROUP = "TLS and access control (modelplex_admin)"
 OPTIONS = [ServeOption(flags, help, group=GROUP, **kw) for flags, help, kw in [

@@ -1,14 +1,12 @@
-"""Declares access control and TLS to modelplex: serve flags, HTTP middleware, gRPC interceptors,
-HTTPS and gRPC credentials. Without this plugin the server runs open and in plain text."""
+"""Declares access control and TLS to modelplex: serve flags, access checks for both transports,
+HTTPS and gRPC TLS records. Without this plugin the server runs open and in plain text."""
 from __future__ import annotations
 
-from modelplex import hookimpl
+from modelplex import AccessControl, hookimpl
 
 from .config import OPTIONS, security_config
-from .grpc_access import grpc_interceptors
-from .http_access import AccessMiddleware
 from .policy import AccessPolicy
-from .tls import grpc_server_credentials, http_tls
+from .tls import grpc_tls, http_tls
 
 
 @hookimpl
@@ -22,16 +20,14 @@ def modelplex_check_settings(settings):
 
 
 @hookimpl
-def modelplex_http_middleware(settings):
+def modelplex_access_controls(settings):
     security = security_config(settings.plugin_options)
-    policy = AccessPolicy(security, security.http_restricted)
-    return [] if policy.is_open else [lambda app: AccessMiddleware(app, policy)]
-
-
-@hookimpl
-def modelplex_grpc_interceptors(settings):
-    security = security_config(settings.plugin_options)
-    return grpc_interceptors(AccessPolicy(security, security.grpc_restricted))
+    controls = []
+    for transport, restricted in (("http", security.http_restricted), ("grpc", security.grpc_restricted)):
+        policy = AccessPolicy(security, restricted)
+        if not policy.is_open:  # nothing to check: no per-request cost at all
+            controls.append(AccessControl(transport, policy.check))
+    return controls
 
 
 @hookimpl
@@ -40,5 +36,5 @@ def modelplex_http_tls(settings):
 
 
 @hookimpl
-def modelplex_grpc_credentials(settings):
-    return grpc_server_credentials(security_config(settings.plugin_options))
+def modelplex_grpc_tls(settings):
+    return grpc_tls(security_config(settings.plugin_options))

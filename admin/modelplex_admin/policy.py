@@ -1,12 +1,11 @@
 """The one access policy of both transports: what a request of each API group
-(`modelplex.api_groups`) must carry: restricted-API header, admin token, API key."""
+(`modelplex.API_GROUPS`) must carry: restricted-API header, admin token, API key."""
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
 from typing import Mapping
 
-from modelplex.api_groups import ADMIN_GROUPS, API_GROUPS
+from modelplex import ADMIN_GROUPS, API_GROUPS, Denial
 
 from .config import SecurityConfig
 
@@ -23,14 +22,6 @@ def parse_restriction(text: str) -> dict[str, tuple[str, str]]:
             raise ValueError(f"unknown API group {group!r} (one of: {', '.join(API_GROUPS)})")
         result[group] = (key.strip().lower(), value)
     return result
-
-
-@dataclass(frozen=True)
-class Denial:
-    """Why a request is refused: 401 (no credentials) or 403 (wrong ones), and the message to send."""
-
-    status: int
-    message: str
 
 
 class AccessPolicy:

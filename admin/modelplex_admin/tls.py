@@ -1,8 +1,7 @@
-"""TLS for both listeners, from `SecurityConfig`: the HTTPS record and gRPC server credentials."""
+"""TLS for both listeners, from `SecurityConfig`, as the records the host applies."""
 from __future__ import annotations
 
-import grpc
-from modelplex.extensions import HttpTls
+from modelplex import GrpcTls, HttpTls
 
 from .config import SecurityConfig
 
@@ -14,11 +13,9 @@ def http_tls(security: SecurityConfig) -> HttpTls | None:
     return HttpTls(security.http_server_cert, security.http_server_key, security.http_root_cert)
 
 
-def grpc_server_credentials(security: SecurityConfig) -> grpc.ServerCredentials | None:
+def grpc_tls(security: SecurityConfig) -> GrpcTls | None:
     """Triton's --grpc-use-ssl / --grpc-use-ssl-mutual; None means an insecure port."""
     if security.grpc_server_cert is None:
         return None
-    root = security.grpc_root_cert.read_bytes() if security.grpc_root_cert is not None else None
-    return grpc.ssl_server_credentials(
-        [(security.grpc_server_key.read_bytes(), security.grpc_server_cert.read_bytes())],
-        root_certificates=root, require_client_auth=security.grpc_use_ssl_mutual)
+    return GrpcTls(security.grpc_server_cert, security.grpc_server_key, security.grpc_root_cert,
+                   security.grpc_use_ssl_mutual)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from modelplex import InvalidInput, ModelplexError
-from modelplex.validation import tensor_specs
+from modelplex import tensor_specs
 
 
 @dataclass(frozen=True)

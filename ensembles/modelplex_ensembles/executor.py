@@ -11,7 +11,7 @@ from typing import AsyncIterator
 
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, ModelInstance,
                        ModelplexError, RequestedOutput, Unavailable)
-from modelplex.trace_spans import current_span
+from modelplex import current_span
 
 from .dag import Ensemble, EnsembleStep, build
 

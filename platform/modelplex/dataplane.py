@@ -2,20 +2,22 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, AsyncIterator, Iterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterator
 
 from . import __version__
-from .adapters import LORA_PARAMETER, AdapterSource, resolve_folder
-from .repository import check_name
-from .errors import InvalidInput, NotFound, Unavailable, Unsupported
-from .logging_setup import bind_request
-from .manager import ModelManager
-from .settings import ServerConfig
-from .tensors import InferRequest, InferResponse
-from .tracing import Tracing
+from .models.adapters import LORA_PARAMETER, AdapterSource, resolve_folder
+from .models.repository import check_name
+from .core.errors import InvalidInput, NotFound, Unavailable, Unsupported
+from .observability.logs import bind_request
+from .models.manager import ModelManager
+from .core.backend import BackendSpec
+from .core.extensions import DeviceReport
+from .core.settings import ServerConfig
+from .core.tensors import InferRequest, InferResponse
+from .observability.tracing import Tracing
 
 if TYPE_CHECKING:
-    from .backend import ModelInstance
+    from .core.backend import ModelInstance
 
 # Only what is implemented: clients probe these before using an extension.
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy",
@@ -23,8 +25,14 @@ EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedu
 
 
 class DataPlane:
-    def __init__(self, settings: ServerConfig, manager: ModelManager):
-        self.settings, self.manager = settings, manager
+    """Owns the model manager it serves; backends that call other models (ensembles, BLS) get this
+    data plane through `ModelContext.dataplane`, so their calls take the same path as a client's."""
+
+    def __init__(self, settings: ServerConfig, backends: dict[str, BackendSpec],
+                 device_reports: Callable[[], list[DeviceReport]] = list):
+        self.settings = settings
+        self.manager = ModelManager(settings, backends, dataplane=self)
+        self._device_reports = device_reports
         self.tracing = Tracing(settings.trace)  # the front doors start a request's trace through it
         self.accepting = True  # False once shutdown starts: not ready, no new requests
 
@@ -37,6 +45,20 @@ class DataPlane:
 
     def metadata(self) -> dict:
         return {"name": "modelplex", "version": __version__, "extensions": EXTENSIONS}
+
+    def has_model(self, name: str) -> bool:
+        """Whether the server knows model `name` (in any state)."""
+        return name in self.manager.entries
+
+    async def devices(self) -> dict:
+        """The devices the backends run on (`modelplex_devices` hook), off the event loop: asking a
+        runtime for its devices can take seconds the first time."""
+        reports = await asyncio.to_thread(self._device_reports)
+        out: dict = {"devices": []}
+        for report in reports:
+            out[f"{report.backend}_version"] = report.version
+            out["devices"] += [{**device, "backend": report.backend} for device in report.devices]
+        return out
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -115,10 +137,16 @@ class DataPlane:
         return {"model_stats": [mv.stats.to_dict() for mv in sorted(versions, key=lambda m: (m.name, m.version))]}
 
     def engine_stats(self, name: str, version: str = "") -> list[dict]:
-        """Each instance's engine occupancy (`ModelInstance.engine_stats`) of a ready version;
-        empty for a model whose instances are not engines."""
-        stats = (instance.engine_stats() for instance in self.manager.get(name, version).instances)
-        return [s for s in stats if s is not None]
+        """Each instance's engine occupancy (`ModelInstance.engine_stats`) of a ready version, with
+        its TTFT and inter-token latency sums; empty for a model whose instances are not engines."""
+        out = []
+        for instance in self.manager.get(name, version).instances:
+            stats = instance.engine_stats()
+            if stats is None:
+                continue
+            sums = instance.llm_metrics.latency_sums() if instance.llm_metrics is not None else {}
+            out.append({**stats.to_dict(), **sums})
+        return out
 
     def ready_instances(self) -> Iterator[tuple[str, str, ModelInstance]]:
         """(model, version, instance) for every instance of every ready version: what a plugin's

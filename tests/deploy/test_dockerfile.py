@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from modelplex.cli import build_parser
+from modelplex.server.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from modelplex.cli import build_parser
-from modelplex.server import FLUSH_GRACE_SECS, UNLOAD_GRACE_SECS
+from modelplex.server.cli import build_parser
+from modelplex.server.assembly import FLUSH_GRACE_SECS, UNLOAD_GRACE_SECS
 from serverproc import ServerProcess
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"

@@ -9,9 +9,9 @@ import numpy as np
 
 import modelplex
 from modelplex import BackendSpec, InferRequest, InferResponse, InferTensor, ModelInstance
-from modelplex.plugins import create_plugin_manager
-from modelplex.server import Server
-from modelplex.settings import ServerConfig
+from modelplex.core.plugins import create_plugin_manager
+from modelplex.server.assembly import Server
+from modelplex.core.settings import ServerConfig
 
 STEP_SECONDS = 0.3
 SLOW_CONFIG = """

@@ -77,7 +77,7 @@ BROKEN = {
                          "in the model repository",
     "bad_unknown_input": "ensemble 'bad_unknown_input' step 1 (model 'simple'): input_map names 'INPUT9', which is "
                          "not an input of the model",
-    "bad_self": "ensemble 'bad_self' step 2 (model 'bad_self'): ensembles use each other: 'bad_self' uses 'bad_self'",
+    "bad_self": "ensemble 'bad_self' step 2 (model 'bad_self'): models use each other: 'bad_self' uses 'bad_self'",
 }
 
 
@@ -118,7 +118,7 @@ def test_a_step_model_cannot_be_unloaded_under_its_ensemble_unless_dependents_go
         c = client(s, protocol)
         with pytest.raises(InferenceServerException) as e:
             c.unload_model("simple")
-        assert "model 'simple' is used by loaded ensemble(s) ensemble_add_sub" in e.value.message()
+        assert "model 'simple' is used by loaded model(s) ensemble_add_sub" in e.value.message()
         assert c.is_model_ready("simple") and c.is_model_ready("ensemble_add_sub")
         np.testing.assert_array_equal(infer(s, protocol, "ensemble_add_sub").as_numpy("OUTPUT0"), A + B)
 
@@ -143,7 +143,7 @@ def test_reloading_an_ensemble_to_call_itself_is_refused_and_the_loaded_one_keep
     config["ensemble_scheduling"]["step"][1]["model_name"] = "ensemble_add_sub"
     with pytest.raises(InferenceServerException) as e:
         http.load_model("ensemble_add_sub", config=json.dumps(config))
-    assert "ensemble 'ensemble_add_sub' step 2 (model 'ensemble_add_sub'): ensembles use each other" in e.value.message()
+    assert "ensemble 'ensemble_add_sub' step 2 (model 'ensemble_add_sub'): models use each other" in e.value.message()
     np.testing.assert_array_equal(infer(server, "grpc", "ensemble_add_sub").as_numpy("OUTPUT0"), A + B)
 
 

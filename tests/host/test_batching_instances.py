@@ -12,9 +12,9 @@ import tritonclient.http as httpclient
 
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, ModelInstance
-from modelplex.plugins import create_plugin_manager
-from modelplex.server import Server
-from modelplex.settings import ServerConfig
+from modelplex.core.plugins import create_plugin_manager
+from modelplex.server.assembly import Server
+from modelplex.core.settings import ServerConfig
 
 CONFIG = """
 name: "{name}"

@@ -15,13 +15,12 @@ from tritonclient.grpc import service_pb2_grpc
 from modelplex import BackendSpec, InferResponse, InferTensor, InvalidInput, ModelInstance
 from modelplex.dataplane import DataPlane
 from modelplex.grpc.server import create_grpc_server
-from modelplex.manager import ModelManager
-from modelplex.settings import ServerConfig
+from modelplex.core.settings import ServerConfig
 
 
 def make_dataplane(tmp_path, **settings) -> tuple[DataPlane, ServerConfig]:
     config = ServerConfig(model_repositories=[tmp_path], host="127.0.0.1", **{"grpc_port": 0, **settings})
-    return DataPlane(config, ModelManager(config, {})), config
+    return DataPlane(config, {}), config
 
 
 def serve(tmp_path, test, **settings):
@@ -134,9 +133,9 @@ def test_stream_interleaves_decoupled_responses_and_reports_errors_in_band(tmp_p
     (tmp_path / "countdown" / "1").mkdir(parents=True)
     (tmp_path / "countdown" / "config.pbtxt").write_text(COUNTDOWN_CONFIG)
     config = ServerConfig(model_repositories=[tmp_path], host="127.0.0.1", grpc_port=0)
-    manager = ModelManager(config, {"countdown": BackendSpec(name="countdown", create_instance=lambda ictx: Countdown(),
+    dataplane = DataPlane(config, {"countdown": BackendSpec(name="countdown", create_instance=lambda ictx: Countdown(),
                                                         max_concurrency_per_instance=4)})
-    dataplane = DataPlane(config, manager)
+    manager = dataplane.manager
 
     async def main():
         await manager.start()

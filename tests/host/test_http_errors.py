@@ -11,7 +11,7 @@ import orjson
 import pytest
 from serverproc import ServerProcess
 
-from modelplex.errors import NotFound, Unavailable
+from modelplex.core.errors import NotFound, Unavailable
 from modelplex.http.errors import modelplex_error
 
 LIMIT = 65536

@@ -7,10 +7,10 @@ import httpx
 from fastapi import APIRouter
 
 import modelplex
-from modelplex.errors import NotFound
-from modelplex.plugins import create_plugin_manager
-from modelplex.server import Server
-from modelplex.settings import ServerConfig
+from modelplex.core.errors import NotFound
+from modelplex.core.plugins import create_plugin_manager
+from modelplex.server.assembly import Server
+from modelplex.core.settings import ServerConfig
 
 
 class EchoPlugin:

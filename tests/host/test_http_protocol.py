@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from modelplex.http.protocol import CoalescingTransport
+from modelplex.http.coalescing_protocol import CoalescingTransport
 
 
 def test_writes_of_one_iteration_leave_together_at_its_end():

@@ -8,9 +8,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
 import modelplex
-from modelplex.plugins import create_plugin_manager
-from modelplex.server import Server
-from modelplex.settings import ServerConfig
+from modelplex.core.plugins import create_plugin_manager
+from modelplex.server.assembly import Server
+from modelplex.core.settings import ServerConfig
 
 
 class ServerNameGauge:

@@ -8,7 +8,7 @@ import pytest
 
 modelplex = pytest.importorskip("modelplex")
 from modelplex import InferRequest, InferTensor, InstanceContext, InvalidInput, ModelContext  # noqa: E402
-from modelplex.model_config import parse_pbtxt  # noqa: E402
+from modelplex.models.config import parse_pbtxt  # noqa: E402
 
 from modelplex_native_gpu import plugin  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""A real `modelplex.server.Server` run inside the test's event loop, its spans kept in memory."""
+"""A real `modelplex.server.assembly.Server` run inside the test's event loop, its spans kept in memory."""
 from __future__ import annotations
 
 import contextlib
@@ -6,9 +6,9 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from modelplex.server import Server
-from modelplex.settings import ServerConfig
-from modelplex.tracing import TraceConfig, Tracing
+from modelplex.server.assembly import Server
+from modelplex.core.settings import ServerConfig
+from modelplex.observability.tracing import TraceConfig, Tracing
 
 
 @contextlib.asynccontextmanager

@@ -9,7 +9,7 @@ import sys
 import pytest
 from serverproc import ServerProcess
 
-from modelplex.cli import main
+from modelplex.server.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import types
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelplex.host_metrics import GpuMetrics
+from modelplex.observability.host_metrics import GpuMetrics
 
 
 class FakeCuda:

@@ -15,7 +15,7 @@ from cdp import Browser, chromium_path
 from inprocess import traced_server
 from test_tracing import CLIENT_SPAN_ID, TRACE_ID, TRACEPARENT, check_ensemble_trace, infer_body
 
-from modelplex.tracing import TraceConfig
+from modelplex.observability.tracing import TraceConfig
 
 pytestmark = pytest.mark.slow  # loads SmolLM2 (~10 s on an idle 2-core machine)
 
@@ -53,7 +53,7 @@ async def check_status_page(url: str) -> None:
 def test_one_trace_through_an_ensemble_and_a_streamed_llm_completion(llm_and_ensemble_repo, caplog):
     import openai
 
-    caplog.set_level(logging.INFO, logger="modelplex.model_version")
+    caplog.set_level(logging.INFO, logger="modelplex.models.version")
 
     async def main():
         async with traced_server(llm_and_ensemble_repo, TraceConfig(level="TIMESTAMPS", rate=1),

@@ -13,10 +13,10 @@ from serverproc import ServerProcess
 
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, ModelInstance
-from modelplex.logging_setup import LOG_SETTINGS
-from modelplex.plugins import create_plugin_manager
-from modelplex.server import Server
-from modelplex.settings import ServerConfig
+from modelplex.observability.logs import LOG_SETTINGS
+from modelplex.core.plugins import create_plugin_manager
+from modelplex.server.assembly import Server
+from modelplex.core.settings import ServerConfig
 
 CHATTY_CONFIG = """
 name: "chatty"

@@ -8,10 +8,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from modelplex.otlp_encoding import SpanEncoder, varint
-from modelplex.otlp_exporter import resource_and_scope
-from modelplex.trace_export import readable_span
-from modelplex.trace_spans import expand_children
+from modelplex.observability.otlp_encoding import SpanEncoder, varint
+from modelplex.observability.otlp_exporter import resource_and_scope
+from modelplex.observability.trace_export import readable_span
+from modelplex.observability.trace_spans import expand_children
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 T0 = 1_763_000_000_000_000_000
@@ -81,7 +81,7 @@ def test_varint_boundaries():
 
 
 def test_the_collector_address_follows_opentelemetrys_environment():
-    from modelplex.tracing import default_otlp_url
+    from modelplex.observability.tracing import default_otlp_url
 
     assert default_otlp_url({}) == "http://localhost:4318/v1/traces"
     assert default_otlp_url({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318/"}) == "http://otel:4318/v1/traces"

@@ -1,4 +1,4 @@
-"""The exporter process (`python -m modelplex.otlp_exporter`) against a real OTLP/HTTP receiver."""
+"""The exporter process (`python -m modelplex.observability.otlp_exporter`) against a real OTLP/HTTP receiver."""
 from __future__ import annotations
 
 import marshal
@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from modelplex.trace_spans import new_recorder, share
+from modelplex.observability.trace_spans import new_recorder, share
 
 
 def receiver():
@@ -44,7 +44,7 @@ def test_batches_waiting_in_the_pipe_are_posted_together_up_to_the_batch_size():
         recorder.server_span(name, attributes, ()).end()
     data = b"".join(len(m).to_bytes(4, "little") + m for m in (marshal.dumps(recorder.take(3)) for _ in range(3)))
     try:
-        proc = subprocess.run([sys.executable, "-m", "modelplex.otlp_exporter", "--url",
+        proc = subprocess.run([sys.executable, "-m", "modelplex.observability.otlp_exporter", "--url",
                                f"http://127.0.0.1:{httpd.server_port}/v1/traces", "--max-export-batch-size", "5"],
                               input=data, capture_output=True, timeout=60)
     finally:

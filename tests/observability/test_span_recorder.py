@@ -1,4 +1,4 @@
-"""The compiled span recorder (`modelplex._span_recorder`): W3C trace context read as the
+"""The compiled span recorder (`modelplex.observability._span_recorder`): W3C trace context read as the
 specification says, records that decode back to exactly what was recorded, a bounded buffer, and an
 exporter process that gets the shared objects again when it is restarted."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from test_otlp_exporter import receiver
 
 from modelplex import trace_export
-from modelplex.trace_export import ExporterProcess
-from modelplex.trace_spans import (SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanDecoder,
+from modelplex.observability.trace_export import ExporterProcess
+from modelplex.observability.trace_spans import (SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanDecoder,
                                    current_span, new_recorder, share)
 
 # W3C Trace Context, level 1 (version 00 exactly; a later version may carry more fields), as a regex.

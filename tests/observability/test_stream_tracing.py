@@ -12,8 +12,8 @@ from tritonclient.grpc import service_pb2_grpc
 
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, ModelInstance
-from modelplex.plugins import create_plugin_manager
-from modelplex.tracing import TraceConfig
+from modelplex.core.plugins import create_plugin_manager
+from modelplex.observability.tracing import TraceConfig
 
 TICKER_CONFIG = """
 name: "ticker"

@@ -128,7 +128,7 @@ def test_the_event_loop_sends_full_batches_at_once_and_the_rest_after_the_delay(
 
     from inprocess import traced_server
 
-    from modelplex.tracing import TraceConfig
+    from modelplex.observability.tracing import TraceConfig
 
     # 12 spans: 3 requests' (server, model, queue, compute)
     config = TraceConfig(level="OFF", rate=1, bsp_max_export_batch_size=12, bsp_schedule_delay_ms=300)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from modelplex.trace_spans import (SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, STATUS_ERROR, STATUS_UNSET, Span, SpanDecoder,
+from modelplex.observability.trace_spans import (SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, STATUS_ERROR, STATUS_UNSET, Span, SpanDecoder,
                                    current_span, expand_children, new_recorder)
 
 

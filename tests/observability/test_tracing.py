@@ -11,7 +11,7 @@ from inprocess import traced_server
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from modelplex.tracing import TraceConfig
+from modelplex.observability.tracing import TraceConfig
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN_ID = "00f067aa0ba902b7"

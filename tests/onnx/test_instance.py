@@ -13,9 +13,9 @@ import pytest
 from build_repository import sum_difference_model
 from modelplex import (InferRequest, InferTensor, InstanceContext, InvalidInput, ModelContext, RequestedOutput,
                        Unsupported)
-from modelplex.model_config import parse_pbtxt
-from modelplex.server import Server
-from modelplex.settings import ServerConfig
+from modelplex.models.config import parse_pbtxt
+from modelplex.server.assembly import Server
+from modelplex.core.settings import ServerConfig
 from modelplex_onnx.instance import OnnxInstance
 from modelplex_onnx.session import CPU, CUDA, OPENVINO, TENSORRT, execution_providers, session_options
 

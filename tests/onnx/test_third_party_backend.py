@@ -90,7 +90,7 @@ def echo_server(echo_plugin_installed, tmp_path_factory, example_repo):
 
 def test_the_entry_point_is_visible_to_a_fresh_interpreter(echo_plugin_installed):
     probe = textwrap.dedent("""
-        from modelplex.plugins import collect_backends, create_plugin_manager
+        from modelplex.core.plugins import collect_backends, create_plugin_manager
         pm = create_plugin_manager()
         print(sorted(name for name, _ in pm.list_name_plugin()))
         print(sorted(collect_backends(pm)))

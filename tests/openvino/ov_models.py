@@ -39,7 +39,7 @@ def write_ir(repo: Path, name: str, config: str | None, model=None) -> Path:
 def instance_context(model_dir: Path, config_text: str, kind: str = "CPU", device_id: int = 0):
     """What the model manager hands `create_instance` for instance 0 of `model_dir`'s version 1."""
     from modelplex import InstanceContext, ModelContext
-    from modelplex.model_config import parse_pbtxt
+    from modelplex.models.config import parse_pbtxt
 
     config = parse_pbtxt(config_text)
     config.name = model_dir.name

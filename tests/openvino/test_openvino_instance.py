@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from ov_models import expected_linear, instance_context, linear_model, linear_onnx, write_ir
 from modelplex import InferRequest, InferTensor, InvalidInput, RequestedOutput
-from modelplex.batch_merge import merge_requests, split_response
-from modelplex.model_config import parse_pbtxt
+from modelplex.scheduling.batch_merge import merge_requests, split_response
+from modelplex.models.config import parse_pbtxt
 from modelplex_openvino.devices import configured_device, select_device
 from modelplex_openvino.instance import OpenVINOInstance
 from modelplex_openvino.static_shapes import make_static, needs_static_shapes

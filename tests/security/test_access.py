@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from modelplex.api_groups import GRPC_METHODS, HTTP_ROUTES
+from modelplex.core.api_groups import GRPC_METHODS, HTTP_ROUTES
 from modelplex_admin.policy import parse_restriction
 from serverproc import ServerProcess
 
@@ -157,13 +157,13 @@ def test_every_route_and_method_declares_its_group(example_repo):
     """The datasette rule for access: a route or RPC added without a line in the policy fails here
     (it would otherwise be closed behind the admin token by default)."""
     from modelplex.http.app import create_http_app
-    from modelplex.server import Server
-    from modelplex.settings import ServerConfig
+    from modelplex.server.assembly import Server
+    from modelplex.core.settings import ServerConfig
 
     server = Server(ServerConfig(model_repositories=[example_repo]))
-    app = create_http_app(server.dataplane, server.settings, server.pm).app
+    app = create_http_app(server.dataplane, server.settings, server._http_routers()).app
     undeclared = [p for p in declared_http_paths(app) if not any(r.fullmatch(p) for r, _ in HTTP_ROUTES)]
-    assert not undeclared, f"add these HTTP routes to modelplex.api_groups.HTTP_ROUTES: {undeclared}"
+    assert not undeclared, f"add these HTTP routes to modelplex.core.api_groups.HTTP_ROUTES: {undeclared}"
     methods = [f"/{service.full_name}/{m.name}" for service in (
         service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"],
         health_pb2.DESCRIPTOR.services_by_name["Health"]) for m in service.methods]

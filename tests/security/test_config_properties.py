@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import model_config_pb2 as pb
 
 from modelplex import model_config
-from modelplex.errors import InvalidInput
+from modelplex.core.errors import InvalidInput
 
 FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=8)

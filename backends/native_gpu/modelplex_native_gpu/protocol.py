@@ -1,4 +1,4 @@
-"""The native_gpu backend's side of the LLM tensor protocol (`modelplex.llm_protocol`): a request
+"""The native_gpu backend's side of the LLM tensor protocol (`modelplex.llm.tensor_protocol`): a request
 becomes prompt token ids and validated SamplingParams; engine outputs become protocol responses."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from modelplex import InferRequest, InferResponse, InvalidInput
-from modelplex.llm_protocol import final_parameters, read_generate_inputs, text_response
+from modelplex import llm_protocol
 
 from .engine.outputs import RequestOutput
 from .engine.sampling_params import SamplingParams
@@ -23,7 +23,7 @@ class GenerateCall:
 
 def parse_request(request: InferRequest, tokenizer, max_model_len: int) -> GenerateCall:
     """Tensors and parameters -> prompt token ids and validated SamplingParams (InvalidInput naming the field)."""
-    inputs = read_generate_inputs(request)
+    inputs = llm_protocol.read_generate_inputs(request)
     text = inputs.text if inputs.messages is None else render_chat(tokenizer, inputs.messages)
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
     if not prompt_ids:
@@ -56,11 +56,11 @@ def make_response(request: InferRequest, model: tuple[str, str], text: str, outp
     if params.n > 1:
         parameters["index"] = output.index
     if output.finished:
-        parameters.update(final_parameters(output.finish_reason, output.num_prompt_tokens,
+        parameters.update(llm_protocol.final_parameters(output.finish_reason, output.num_prompt_tokens,
                                            output.num_generated_tokens))
     if params.logprobs is not None:
         parameters["logprobs"] = json.dumps(_logprob_entries(output, params.logprobs, tokenizer))
-    return text_response(request, model, text, parameters)
+    return llm_protocol.text_response(request, model, text, parameters)
 
 
 def _logprob_entries(output: RequestOutput, k: int, tokenizer) -> list[dict]:

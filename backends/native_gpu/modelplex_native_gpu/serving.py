@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 
 from modelplex import (LORA_MODULES_PARAMETER, LORA_PARAMETER, InferRequest, InferResponse, InstanceContext,
                        InvalidInput, ModelContext, ModelInstance, NotFound, Unavailable, Unsupported)
-from modelplex.llm_metrics import LLMMetrics
-from modelplex.llm_protocol import declare_generate_tensors
+from modelplex import LLMMetrics
+from modelplex import llm_protocol
 
 from .config import EngineConfig
 from .engine.outputs import RequestOutput
@@ -78,8 +78,8 @@ def max_queue_size(ctx: ModelContext) -> int:
 
 
 def auto_complete_config(ctx: ModelContext) -> None:
-    """Declare the LLM protocol's tensors (`modelplex.llm_protocol`) when config.pbtxt lists none."""
-    declare_generate_tensors(ctx.config)
+    """Declare the LLM protocol's tensors (`modelplex.llm.tensor_protocol`) when config.pbtxt lists none."""
+    llm_protocol.declare_generate_tensors(ctx.config)
 
 
 def engine_phases(output: RequestOutput) -> list[tuple[str, int, int, dict]] | None:
@@ -197,17 +197,17 @@ class LLMInstance(ModelInstance):
         lora = self.engine.engine.lora
         return [] if lora is None else lora.manager.rows()
 
-    def engine_stats(self) -> dict:
+    def engine_stats(self) -> EngineStats:
         """Scheduler and KV-cache occupancy (the engine_stats route, the LLM metrics, tests)."""
         engine = self.engine.engine
         kv = engine.kv_cache_manager
-        stats = {**engine.stats(), "num_running": len(engine.scheduler.running),
-                 "num_waiting": self.engine.num_waiting, "max_queue_size": self.max_queue_size,
-                 "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits,
-                 **self.llm_metrics.latency_sums()}
-        if engine.lora is not None:
-            stats["lora"] = engine.lora.stats(engine.scheduler)
-        return stats
+        return EngineStats(
+            num_running=len(engine.scheduler.running), num_waiting=self.engine.num_waiting,
+            max_queue_size=self.max_queue_size, num_blocks=engine.runner.num_blocks,
+            num_free_blocks=kv.num_free_blocks, num_prefix_queries=kv.num_prefix_queries,
+            num_prefix_hits=kv.num_prefix_hits, num_preemptions=engine.scheduler.num_preemptions,
+            lora=engine.lora.stats(engine.scheduler) if engine.lora is not None else None,
+            extra={"prefix_cache_hit_rate": kv.prefix_cache_hit_rate})
 
     async def close(self) -> None:
         self.engine.shutdown()

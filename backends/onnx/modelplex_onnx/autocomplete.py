@@ -1,9 +1,9 @@
 """Fills what config.pbtxt leaves out (max_batch_size, inputs, outputs, their types and dims) from the
-ONNX model, by Triton's rules (`modelplex.config_completion`); a partial config is completed, never replaced."""
+ONNX model, by Triton's rules (`modelplex.models.completion`); a partial config is completed, never replaced."""
 from __future__ import annotations
 
 from modelplex import InvalidInput, ModelContext
-from modelplex.config_completion import complete_config, is_fully_specified
+from modelplex import complete_config, is_fully_specified
 
 from .signature import MODEL_FORMAT, read_signature
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
                        ModelInstance, ModelplexError)
-from modelplex.config_completion import check_config
+from modelplex import check_config
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from .session import create_session

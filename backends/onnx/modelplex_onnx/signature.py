@@ -1,7 +1,7 @@
 """What an ONNX model declares: its inputs and outputs with Triton datatypes and dims (-1 = dynamic)."""
 from __future__ import annotations
 
-from modelplex.config_completion import TensorSignature
+from modelplex import TensorSignature
 
 MODEL_FORMAT = "ONNX"  # how messages name the model file's format
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
                        ModelInstance, ModelplexError)
-from modelplex.config_completion import check_config
+from modelplex import check_config
 
 from .devices import configured_device, select_device, shared_core
 from .properties import check_precision, compile_properties, is_yes

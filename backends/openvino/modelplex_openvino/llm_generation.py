@@ -1,4 +1,4 @@
-"""The protocol's sampling fields (`modelplex.llm_protocol`) as an `openvino_genai.GenerationConfig`.
+"""The protocol's sampling fields (`modelplex.llm.tensor_protocol`) as an `openvino_genai.GenerationConfig`.
 
 Defaults are the native engine's (max_tokens 16, temperature 1). What OpenVINO GenAI cannot do is
 refused with the field named: `min_p`, log-probabilities of alternatives (it reports only the
@@ -7,7 +7,7 @@ OpenVINO GenAI's structured output yet).
 """
 from __future__ import annotations
 
-from modelplex.llm_protocol import BOOL_FIELDS, FLOAT_FIELDS, INT_FIELDS, SAMPLING_FIELDS
+from modelplex import llm_protocol
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -17,11 +17,11 @@ class SamplingError(ValueError):
 
 
 def _typed(key: str, value):
-    if key in FLOAT_FIELDS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+    if key in llm_protocol.FLOAT_FIELDS and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise SamplingError(f"{key}: must be a number, got {value!r}")
-    if key in INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
+    if key in llm_protocol.INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
         raise SamplingError(f"{key}: must be an integer, got {value!r}")
-    if key in BOOL_FIELDS and not isinstance(value, bool):
+    if key in llm_protocol.BOOL_FIELDS and not isinstance(value, bool):
         raise SamplingError(f"{key}: must be true or false, got {value!r}")
     return value
 
@@ -31,7 +31,7 @@ def generation_config(sampling: dict, num_prompt_tokens: int, max_model_len: int
     import openvino_genai as og
 
     for key in sampling:
-        if key not in SAMPLING_FIELDS:
+        if key not in llm_protocol.SAMPLING_FIELDS:
             raise SamplingError(f"{key}: unknown sampling parameter")
     values = {k: _typed(k, v) for k, v in sampling.items() if v is not None or k != "max_tokens"}
     config = og.GenerationConfig()

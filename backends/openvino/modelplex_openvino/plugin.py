@@ -1,8 +1,8 @@
-"""Declares the OpenVINO backend, its `GET /v2/devices` route and `modelplex convert-openvino`.
+"""Declares the OpenVINO backend, the devices it reports (`GET /v2/devices`) and `modelplex convert-openvino`.
 OpenVINO is imported only when used.
 
 A version folder holding `openvino_model.xml` (what `convert-openvino` writes) is an LLM served by
-OpenVINO GenAI with the LLM tensor protocol (`modelplex.llm_protocol`); any other is a classic IR or
+OpenVINO GenAI with the LLM tensor protocol (`modelplex.llm.tensor_protocol`); any other is a classic IR or
 ONNX model.
 """
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fastapi import APIRouter
 from modelplex import BackendSpec, InstanceContext, ModelContext, ModelInstance, hookimpl
-from modelplex.extensions import Command
+from modelplex import Command, DeviceReport
 
 
 def _create_instance(ictx: InstanceContext) -> ModelInstance:
@@ -31,28 +30,22 @@ def _auto_complete_config(ctx: ModelContext) -> None:
     from .llm_folder import is_llm_folder
 
     if is_llm_folder(ctx.version_path):
-        from modelplex.llm_protocol import declare_generate_tensors
+        from modelplex import llm_protocol
 
-        declare_generate_tensors(ctx.config)
+        llm_protocol.declare_generate_tensors(ctx.config)
         return
     from .autocomplete import auto_complete_config
 
     auto_complete_config(ctx)
 
 
-def devices_router() -> APIRouter:
-    router = APIRouter()
+def _device_report() -> DeviceReport:
+    """The OpenVINO devices present and what they are (FULL_DEVICE_NAME, OPTIMIZATION_CAPABILITIES...)."""
+    import openvino as ov
 
-    @router.get("/v2/devices")
-    def devices() -> dict:
-        """The OpenVINO devices present and what they are (FULL_DEVICE_NAME, OPTIMIZATION_CAPABILITIES...)."""
-        import openvino as ov
+    from .devices import describe_devices, shared_core
 
-        from .devices import describe_devices, shared_core
-
-        return {"openvino_version": ov.get_version(), "devices": describe_devices(shared_core())}
-
-    return router
+    return DeviceReport("openvino", ov.get_version(), describe_devices(shared_core()))
 
 
 def _convert_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,8 +77,8 @@ def modelplex_backends():
 
 
 @hookimpl
-def modelplex_http_routers(dataplane):
-    return [devices_router()]
+def modelplex_devices():
+    return _device_report()
 
 
 @hookimpl

@@ -1,11 +1,11 @@
 """What an OpenVINO model declares: its inputs and outputs as `TensorSignature`s, for the host's
-config completion and checks (`modelplex.config_completion`, Triton's rules)."""
+config completion and checks (`modelplex.models.completion`, Triton's rules)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from modelplex import InvalidInput, ModelContext
-from modelplex.config_completion import TensorSignature
+from modelplex import TensorSignature
 
 MODEL_FORMAT = "OpenVINO"  # how messages name the model file's format
 # OpenVINO element type names -> Triton datatypes. Types left out (bf16, u4, f8...) have no numpy

@@ -221,6 +221,6 @@ def _error_of(model_name: str, header: dict) -> InternalError:
 
 
 def _output_datatypes(config):
-    from modelplex.validation import tensor_specs
+    from modelplex import tensor_specs
 
     return tensor_specs(config.output).values()

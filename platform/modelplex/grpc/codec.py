@@ -11,8 +11,8 @@ import numbers
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from ..errors import InvalidInput, Unsupported
-from ..tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
+from ..core.errors import InvalidInput, Unsupported
+from ..core.tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
                        BYTES_LENGTH, DEFAULT_LIMITS, TensorLimits, split_bytes_elements)
 
 # The wire is little-endian; on a little-endian host these equal the native dtypes (no byte swapping).

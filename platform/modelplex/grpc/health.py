@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2
 
 from ..dataplane import DataPlane
-from ..errors import NotFound
+from ..core.errors import NotFound
 from .status import guarded
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

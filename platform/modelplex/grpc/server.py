@@ -6,7 +6,7 @@ from grpc_health.v1 import health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from ..dataplane import DataPlane
-from ..settings import ServerConfig
+from ..core.settings import ServerConfig
 from .health import HealthServicer
 from .servicer import InferenceServicer
 

@@ -8,9 +8,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from ..dataplane import DataPlane
-from ..errors import InvalidInput, NotFound
-from ..logging_setup import LOG_SETTINGS
-from ..trace_spans import share
+from ..core.errors import InvalidInput, NotFound
+from ..observability.logs import LOG_SETTINGS
+from ..observability.trace_spans import share
 from .codec import decode_request, encode_response
 from .status import error_message, guarded, unimplemented
 

@@ -7,7 +7,7 @@ import math
 
 import grpc
 
-from ..errors import ModelplexError, Unavailable
+from ..core.errors import ModelplexError, Unavailable
 
 log = logging.getLogger(__name__)
 

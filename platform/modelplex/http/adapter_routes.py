@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from ..dataplane import DataPlane
-from ..errors import InvalidInput
+from ..core.errors import InvalidInput
 from .routes import json_response, parameters_of, read_json_object
 
 

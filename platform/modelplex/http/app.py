@@ -1,13 +1,11 @@
 """Builds the HTTP front door: Triton's KServe v2 routes, plugin routers, and the fast infer path."""
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 
 from ..dataplane import DataPlane
-from ..settings import ServerConfig
-from ..openai import create_openai_router
-from ..status_page import create_status_router
+from ..core.settings import ServerConfig
 from .adapter_routes import create_adapter_router
 from .errors import install_error_handlers
 from .generate import create_generate_router
@@ -45,19 +43,17 @@ class FrontDoor:
         await self.app(scope, receive, send)
 
 
-def create_http_app(dataplane: DataPlane, settings: ServerConfig, pm=None) -> FrontDoor:
+def create_http_app(dataplane: DataPlane, settings: ServerConfig, routers: list[APIRouter] = ()) -> FrontDoor:
+    """The KServe v2 routes (and Triton's extensions) over `dataplane`, with `routers` mounted beside
+    them (the server assembly's: the OpenAI routes, the status page, plugins' routers)."""
     app = FastAPI(title="modelplex", openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.include_router(create_adapter_router(dataplane))  # before create_router's `{name:path}/load`
     app.include_router(create_router(dataplane, settings))
     app.include_router(create_observability_router(dataplane))
-    app.include_router(create_status_router())
     app.include_router(create_generate_router(dataplane))
-    app.include_router(create_openai_router(dataplane))
-    if pm is not None:
-        for routers in pm.hook.modelplex_http_routers(dataplane=dataplane):
-            for router in routers or ():
-                app.include_router(router)
+    for router in routers:
+        app.include_router(router)
     document = openapi_document(app)  # once: the routes are all mounted by now
 
     @app.get("/openapi.json", include_in_schema=False)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import zlib
 
-from ..errors import InvalidInput
+from ..core.errors import InvalidInput
 
 # zlib window bits: gzip framing, and zlib framing (what "deflate" means in HTTP, and what tritonclient sends).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

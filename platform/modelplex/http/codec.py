@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from ..errors import InternalError, InvalidInput
-from ..tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
+from ..core.errors import InternalError, InvalidInput
+from ..core.tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
                        BYTES_LENGTH, DEFAULT_LIMITS, TensorLimits, split_bytes_elements)
 
 # Little-endian dtypes as the wire carries them (BYTES has its own length-prefixed format).

@@ -7,7 +7,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..errors import ModelplexError, Unavailable
+from ..core.errors import ModelplexError, Unavailable
 from .codec import encode_error
 
 JSON = "application/json"

@@ -16,8 +16,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from ..dataplane import DataPlane
-from ..errors import InvalidInput, ModelplexError
-from ..tensors import InferRequest, InferResponse, InferTensor, TensorLimits, numpy_dtype
+from ..core.errors import InvalidInput, ModelplexError
+from ..core.tensors import InferRequest, InferResponse, InferTensor, TensorLimits, numpy_dtype
 from .routes import json_response, read_json_object
 from .body import ClientGone
 from .sse import CLIENT_CLOSED, first_and_rest, relay, sse_event, sse_response, until_disconnected

@@ -10,10 +10,10 @@ import logging
 import re
 
 from ..dataplane import DataPlane
-from ..errors import ModelplexError
-from ..settings import ServerConfig
-from ..trace_spans import STATUS_ERROR, STATUS_UNSET, share
-from ..tracing import Tracing
+from ..core.errors import ModelplexError
+from ..core.settings import ServerConfig
+from ..observability.trace_spans import STATUS_ERROR, STATUS_UNSET, share
+from ..observability.tracing import Tracing
 from .body import ClientGone, compress, parse_length, read_body, response_encoding
 from .codec import decode_request, encode_error, encode_response
 from .errors import retry_after

@@ -4,8 +4,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from ..dataplane import DataPlane
-from ..errors import NotFound
-from ..logging_setup import LOG_SETTINGS
+from ..core.errors import NotFound
+from ..observability.logs import LOG_SETTINGS
 from .routes import json_response, read_json_object
 
 MAX_SETTINGS_BYTES = 64 * 1024

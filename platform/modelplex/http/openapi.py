@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from .. import __version__
-from ..tensors import TRITON_TO_NUMPY
+from ..core.tensors import TRITON_TO_NUMPY
 
 _OBJECT = {"type": "object"}
 _TENSOR = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {

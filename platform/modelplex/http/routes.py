@@ -12,10 +12,10 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from .. import model_config
+from ..models import config as model_config
 from ..dataplane import DataPlane
-from ..errors import InvalidInput, Unsupported
-from ..settings import ServerConfig
+from ..core.errors import InvalidInput, Unsupported
+from ..core.settings import ServerConfig
 from .body import read_body
 from .errors import JSON, error_response
 
@@ -90,6 +90,11 @@ def create_router(dataplane: DataPlane, settings: ServerConfig) -> APIRouter:
     @router.get("/v2")
     async def server_metadata():
         return json_response(dataplane.metadata())
+
+    @router.get("/v2/devices")
+    async def devices():
+        """The devices the backends' runtimes see (each backend's `modelplex_devices` report)."""
+        return json_response(await dataplane.devices())
 
     @router.get("/v2/models/stats")
     async def all_statistics():

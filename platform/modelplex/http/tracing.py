@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from typing import Awaitable, Callable
 
-from ..trace_spans import STATUS_ERROR
-from ..tracing import Tracing
+from ..observability.trace_spans import STATUS_ERROR
+from ..observability.tracing import Tracing
 
 # Traced besides infer: the generate extension and the OpenAI routes (their model is in the body,
 # read later: they are sampled by the global settings, "").

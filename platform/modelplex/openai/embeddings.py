@@ -8,7 +8,7 @@ import numpy as np
 from fastapi import Request
 
 from ..dataplane import DataPlane
-from ..tensors import InferRequest, InferTensor
+from ..core.tensors import InferRequest, InferTensor
 from ..http.routes import json_response
 from .completions import read_json
 from .errors import RequestError

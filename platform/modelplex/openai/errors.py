@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from ..errors import ModelplexError, NotFound, Unavailable
+from ..core.errors import ModelplexError, NotFound, Unavailable
 from ..http.body import ClientGone
 from ..http.sse import CLIENT_CLOSED
 

@@ -11,7 +11,7 @@ from pydantic import Field
 from starlette.responses import PlainTextResponse
 
 from ..dataplane import DataPlane
-from ..errors import NotFound
+from ..core.errors import NotFound
 from .completions import read_json
 from .errors import RequestError
 from .models import is_llm, listed_models

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dataplane import DataPlane
-from ..errors import NotFound, Unavailable
+from ..core.errors import NotFound, Unavailable
 from .errors import RequestError
 
 
@@ -55,7 +55,7 @@ def require_embedding_model(dataplane: DataPlane, name: str) -> EmbeddingModel:
 def resolve_model(dataplane: DataPlane, name: str) -> tuple[str, str | None]:
     """The OpenAI `model` field as (model, adapter): a model's name, or a LoRA adapter's name, which
     runs its base model with that adapter. Neither: NotFound (404)."""
-    if name in dataplane.manager.entries:
+    if dataplane.has_model(name):
         return name, None
     model = dataplane.adapter_model(name)
     if model is None:

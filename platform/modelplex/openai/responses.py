@@ -10,7 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..tensors import InferResponse
+from ..core.tensors import InferResponse
 from .errors import RequestError
 
 

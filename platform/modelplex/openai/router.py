@@ -6,9 +6,11 @@ import time
 from fastapi import APIRouter
 
 from ..dataplane import DataPlane
-from ..errors import NotFound
+from ..core.errors import NotFound
 from ..http.routes import json_response
-from . import completions, embeddings, lora
+from . import completions
+from . import embeddings
+from . import lora
 from .errors import OpenAIRoute
 from .models import listed_adapters, listed_models
 

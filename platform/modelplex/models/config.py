@@ -1,0 +1,128 @@
+"""Triton's `config.pbtxt`: parse, validate, print as Triton's JSON.
+
+We use the `ModelConfig` message that the pinned `tritonclient` wheel ships (generated from
+Triton's own `model_config.proto`): it is byte-for-byte the schema Triton clients speak, and it
+needs no code generation step at build time.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from google.protobuf import descriptor, json_format, text_format
+from tritonclient.grpc import model_config_pb2 as pb
+
+from ..core.errors import InvalidInput
+
+ModelConfig = pb.ModelConfig
+_INT64_TYPES = {descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE_UINT64,
+                descriptor.FieldDescriptor.TYPE_SINT64, descriptor.FieldDescriptor.TYPE_FIXED64,
+                descriptor.FieldDescriptor.TYPE_SFIXED64}
+
+
+def parse_pbtxt(text: str, source: str = "config.pbtxt") -> pb.ModelConfig:
+    config = pb.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise InvalidInput(f"{source}: {e}") from None
+    return config
+
+
+def load_config_file(path: Path) -> pb.ModelConfig:
+    """The model's config.pbtxt, or an empty config when the file is absent (auto-complete fills it)."""
+    if not path.exists():
+        return pb.ModelConfig()
+    return parse_pbtxt(path.read_text(encoding="utf-8"), str(path))
+
+
+def parse_json(text: str) -> pb.ModelConfig:
+    """A config given as Triton's JSON (the load API's `config` parameter)."""
+    config = pb.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except (json_format.ParseError, ValueError) as e:
+        raise InvalidInput(f"invalid model config JSON: {e}") from None
+    return config
+
+
+def to_dict(config: pb.ModelConfig) -> dict:
+    """Triton's config JSON: proto field names, every field printed, 64-bit integers as numbers."""
+    data = json_format.MessageToDict(config, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    return _fix_int64(config.DESCRIPTOR, data)
+
+
+def _fix_int64(desc: descriptor.Descriptor, data: dict) -> dict:
+    for field in desc.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                value_field = field.message_type.fields_by_name["value"]
+                if value_field.message_type is not None:
+                    for v in value.values():
+                        _fix_int64(value_field.message_type, v)
+            elif field.is_repeated:
+                for v in value:
+                    _fix_int64(field.message_type, v)
+            else:
+                _fix_int64(field.message_type, value)
+        elif field.type in _INT64_TYPES:
+            data[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+    return data
+
+
+def to_json(config: pb.ModelConfig) -> str:
+    return json.dumps(to_dict(config))
+
+
+def parameters_of(config: pb.ModelConfig) -> dict[str, str]:
+    return {key: p.string_value for key, p in config.parameters.items()}
+
+
+def validate(config: pb.ModelConfig) -> None:
+    """Checks a complete config for what would make serving it fail later."""
+    if config.max_batch_size < 0:
+        raise InvalidInput(f"model '{config.name}': max_batch_size must be >= 0")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen = set()
+        for t in tensors:
+            if not t.name:
+                raise InvalidInput(f"model '{config.name}': an {kind} has no name")
+            if t.name in seen:
+                raise InvalidInput(f"model '{config.name}': {kind} '{t.name}' is declared twice")
+            seen.add(t.name)
+            if t.data_type == pb.TYPE_INVALID:
+                raise InvalidInput(f"model '{config.name}': {kind} '{t.name}' has no data_type")
+            if any(d < -1 or d == 0 for d in t.dims) and not config.platform == "ensemble":
+                raise InvalidInput(f"model '{config.name}': {kind} '{t.name}' has invalid dims {list(t.dims)}")
+            if t.HasField("reshape") and _known_size(t.reshape.shape) != _known_size(t.dims):
+                raise InvalidInput(f"model '{config.name}': {kind} '{t.name}' reshape {list(t.reshape.shape)} "
+                                   f"does not match dims {list(t.dims)}")
+    policy = config.version_policy
+    if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
+        raise InvalidInput(f"model '{config.name}': version_policy latest needs num_versions >= 1")
+
+
+def _known_size(dims) -> int | None:
+    if any(d < 0 for d in dims):
+        return None
+    size = 1
+    for d in dims:
+        size *= d
+    return size
+
+
+def select_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:
+    """Apply `version_policy` (default: latest 1) to the numeric version folders present."""
+    available = sorted(available)
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return available
+    if choice == "specific":
+        return sorted(v for v in set(policy.specific.versions) if v in available)
+    n = policy.latest.num_versions if choice == "latest" else 1
+    return available[-n:]

@@ -1,0 +1,157 @@
+"""The `modelplex` command: `modelplex serve` with Triton's flag names."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from .. import __version__
+from .admin_cli import add_admin_commands, run_admin_command
+from ..core.errors import InvalidInput
+from ..core.extensions import Command, parse_bool
+from ..observability.logs import LOG_SETTINGS
+from ..core.plugins import create_plugin_manager
+from ..core.settings import ServerConfig
+from ..core.tensors import TensorLimits
+from ..observability.tracing import TraceConfig
+
+
+def _bool(text: str) -> bool:
+    try:
+        return parse_bool(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser(pm=None) -> argparse.ArgumentParser:
+    """`modelplex` and its subcommands; `serve` also takes the flags of the plugins in `pm`
+    (default: every installed plugin)."""
+    parser = argparse.ArgumentParser(prog="modelplex", description="A Triton-compatible model server.")
+    parser.add_argument("--version", action="version", version=f"modelplex {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve the models of one or more model repositories")
+    s.add_argument("--model-repository", "--model-store", action="append", required=True, type=Path,
+                   help="a Triton model repository folder (repeatable)")
+    s.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="none")
+    s.add_argument("--load-model", action="append", default=[], help="model to load at start in explicit mode; '*' for all")
+    s.add_argument("--repository-poll-secs", type=float, default=15.0)
+    s.add_argument("--strict-readiness", type=_bool, default=True)
+    s.add_argument("--strict-model-config", type=_bool, default=False)
+    s.add_argument("--host", default="0.0.0.0", help="address every port listens on")
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--allow-http", type=_bool, default=True)
+    s.add_argument("--allow-grpc", type=_bool, default=True)
+    s.add_argument("--allow-metrics", type=_bool, default=True)
+    s.add_argument("--http-max-body-bytes", type=int, default=64 * 1024 * 1024)
+    s.add_argument("--grpc-max-message-bytes", type=int, default=64 * 1024 * 1024,
+                   help="largest gRPC message received or sent")
+    limits = TensorLimits()
+    s.add_argument("--max-tensor-elements", type=int, default=limits.max_elements,
+                   help="most elements one input tensor may have")
+    s.add_argument("--max-bytes-elements", type=int, default=limits.max_bytes_elements,
+                   help="most elements one BYTES input tensor may have (each costs ~40 bytes of memory beyond its data)")
+    s.add_argument("--max-bytes-element-size", type=int, default=limits.max_bytes_element_size,
+                   help="longest BYTES element (e.g. a prompt's text) in bytes")
+    s.add_argument("--max-stream-secs", type=float, default=3600.0,
+                   help="a response stream still running after this many seconds ends with an error (0: no limit)")
+    s.add_argument("--unload-timeout-secs", type=float, default=30.0)
+    s.add_argument("--model-load-timeout-secs", "--model-load-timeout", type=float, default=600.0,
+                   help="a model whose instances are not all created after this many seconds fails to load "
+                        "with that reason, and the server keeps serving (0: no limit)")
+    s.add_argument("--exit-timeout-secs", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, how long in-flight requests and streams may run before the exit")
+    s.add_argument("--lora-adapter-root", action="append", default=[], type=Path, metavar="DIR",
+                   help="a folder LoRA adapters may be loaded from through the adapter APIs, besides each "
+                        "model's own adapters/ folder (repeatable)")
+    s.add_argument("--admin-host", help="address the admin ports listen on (default: --host)")
+    s.add_argument("--admin-http-port", type=int,
+                   help="serve model-control routes (repository, adapters, trace, logging) only on this port")
+    s.add_argument("--admin-grpc-port", type=int,
+                   help="serve model-control RPCs (repository, trace, logging) only on this port")
+    add_plugin_arguments(s, pm or create_plugin_manager())
+    s.add_argument("--port-file", type=Path, help="write the bound ports as JSON here once serving")
+    s.add_argument("--log-verbose", type=int, default=0)
+    s.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="log lines as text or as JSON objects (each with the request id)")
+    s.add_argument("--trace-config", action="append", default=[], metavar="[opentelemetry,]<setting>=<value>",
+                   help="Triton's tracing flags: level=OFF|TIMESTAMPS, rate=N, count=N, mode=opentelemetry, "
+                        "opentelemetry,url=<OTLP/HTTP endpoint>, opentelemetry,resource=<key>=<value>, "
+                        "opentelemetry,bsp_max_queue_size=N (repeatable)")
+    add_admin_commands(sub)
+    for command in plugin_commands(pm or create_plugin_manager()).values():
+        command.add_arguments(sub.add_parser(command.name, help=command.help))
+    return parser
+
+
+def plugin_commands(pm) -> dict[str, Command]:
+    """The plugins' subcommands by name (the first plugin to declare a name wins)."""
+    commands: dict[str, Command] = {}
+    for declared in pm.hook.modelplex_commands():
+        for command in declared or ():
+            commands.setdefault(command.name, command)
+    return commands
+
+
+def add_plugin_arguments(s: argparse.ArgumentParser, pm) -> None:
+    """The flags plugins declare (`modelplex_serve_options`), listed under the group each names."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for options in pm.hook.modelplex_serve_options():
+        for option in options or ():
+            group = groups.get(option.group) or groups.setdefault(option.group, s.add_argument_group(option.group))
+            kwargs = {"help": option.help, "default": option.default, "dest": option.dest}
+            kwargs |= {k: v for k, v in (("type", option.type), ("action", option.action),
+                                         ("metavar", option.metavar)) if v is not None}
+            group.add_argument(*option.flags, **kwargs)
+
+
+def plugin_options(pm, args: argparse.Namespace) -> dict:
+    return {option.dest: getattr(args, option.dest)
+            for options in pm.hook.modelplex_serve_options() for option in options or ()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    pm = create_plugin_manager()
+    parser = build_parser(pm)
+    args = parser.parse_args(argv)
+    commands = plugin_commands(pm)
+    if args.command in commands:
+        sys.exit(commands[args.command].run(args))
+    if args.command != "serve":
+        sys.exit(run_admin_command(args))
+    LOG_SETTINGS.install(args.log_format, args.log_verbose)
+    try:
+        trace = TraceConfig.parse(args.trace_config)
+    except InvalidInput as e:
+        parser.error(e.message)
+    settings = ServerConfig(
+        model_repositories=args.model_repository, model_control_mode=args.model_control_mode,
+        load_models=args.load_model, repository_poll_secs=args.repository_poll_secs,
+        strict_readiness=args.strict_readiness, strict_model_config=args.strict_model_config, host=args.host,
+        http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+        allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
+        http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,
+        model_load_timeout_secs=args.model_load_timeout_secs, max_stream_secs=args.max_stream_secs,
+        tensor_limits=TensorLimits(args.max_tensor_elements, args.max_bytes_elements, args.max_bytes_element_size),
+        grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format,
+        lora_adapter_roots=args.lora_adapter_root, exit_timeout_secs=args.exit_timeout_secs, admin_host=args.admin_host,
+        admin_http_port=args.admin_http_port, admin_grpc_port=args.admin_grpc_port,
+        plugin_options=plugin_options(pm, args))
+    try:
+        pm.hook.modelplex_check_settings(settings=settings)
+    except ValueError as e:
+        parser.error(str(e))
+    from .assembly import serve
+
+    try:
+        import uvloop
+
+        uvloop.run(serve(settings, args.port_file, pm))
+    except ImportError:
+        asyncio.run(serve(settings, args.port_file, pm))
+
+
+if __name__ == "__main__":
+    main()
