@@ -4,6 +4,8 @@
 class EngineError(Exception):
     """Base class of every error the engine raises on purpose."""
 
+    field: str | None = None  # the request field or setting it is about, when there is one
+
 
 class InvalidRequestError(EngineError, ValueError):
     """A request or its sampling parameters are invalid; `field` names the culprit."""

@@ -27,26 +27,27 @@ def parse_request(request: InferRequest, tokenizer, max_model_len: int) -> Gener
     text = inputs.text if inputs.messages is None else render_chat(tokenizer, inputs.messages)
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
     if not prompt_ids:
-        raise InvalidInput("prompt: is empty")
+        raise InvalidInput("prompt: is empty", param="prompt")
     if len(prompt_ids) >= max_model_len:
-        raise InvalidInput(f"prompt: {len(prompt_ids)} tokens; the context length (max_model_len) is {max_model_len}")
+        raise InvalidInput(f"prompt: {len(prompt_ids)} tokens; the context length (max_model_len) is {max_model_len}",
+                           param="prompt")
     values = inputs.sampling
     if "max_tokens" in values and values["max_tokens"] is None:
         values["max_tokens"] = max_model_len - len(prompt_ids)
     try:
         return GenerateCall(prompt_ids, SamplingParams.from_dict(values))
     except InvalidRequestError as exc:
-        raise InvalidInput(str(exc)) from None
+        raise InvalidInput(str(exc), param=exc.field) from None
 
 
 def render_chat(tokenizer, messages: list[dict]) -> str:
     """The model's chat template over checked messages, ending with the assistant's turn opening."""
     if tokenizer.chat_template is None:
-        raise InvalidInput("messages: this model has no chat template; send text_input")
+        raise InvalidInput("messages: this model has no chat template; send text_input", param="messages")
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except Exception as exc:  # noqa: BLE001 - a template may raise anything (jinja raise_exception)
-        raise InvalidInput(f"messages: the chat template refused them: {exc}") from None
+        raise InvalidInput(f"messages: the chat template refused them: {exc}", param="messages") from None
 
 
 def make_response(request: InferRequest, model: tuple[str, str], text: str, output: RequestOutput,

@@ -16,6 +16,8 @@ from modelplex import (LORA_MODULES_PARAMETER, LORA_PARAMETER, InferRequest, Inf
                        InvalidInput, ModelContext, ModelInstance, NotFound, Unavailable, Unsupported)
 from modelplex import LLMMetrics
 from modelplex import llm_protocol
+from modelplex import EngineStats
+from modelplex import params
 
 from .config import EngineConfig
 from .engine.outputs import RequestOutput
@@ -53,7 +55,7 @@ def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
             elif key == "gpu_memory_utilization":
                 settings[key] = float(value)
             elif key in ("enable_prefix_caching", "adaptive_threads"):
-                settings[key] = value.strip().lower() in ("1", "true", "yes", "on")
+                settings[key] = params.parse_bool(value, f"parameter '{key}'")
             else:
                 settings[key] = value
         except ValueError:
@@ -123,7 +125,7 @@ class LLMInstance(ModelInstance):
     async def _complete(self, request: InferRequest) -> InferResponse:
         call = self._parse(request)
         if call.params.n > 1:
-            raise InvalidInput("n: more than one completion per request needs a decoupled model")
+            raise InvalidInput("n: more than one completion per request needs a decoupled model", param="n")
         token_ids, logprobs = [], []
         async with contextlib.aclosing(self._generate(request, call)) as outputs:
             async for last in outputs:
@@ -173,7 +175,7 @@ class LLMInstance(ModelInstance):
         except AdapterNotFoundError as exc:  # unloaded after the host checked it
             raise NotFound(str(exc)) from None
         except EngineError as exc:  # raised on the first step of the stream, before any output
-            raise InvalidInput(str(exc)) from None
+            raise InvalidInput(str(exc), param=exc.field) from None
 
     # ---- LoRA adapters (modelplex_multilora; the host has checked names and paths) -------------
     def _loras(self):

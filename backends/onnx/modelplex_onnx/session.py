@@ -4,7 +4,7 @@ Names and values follow Triton's onnxruntime backend, so its config.pbtxt files 
 """
 from __future__ import annotations
 
-from modelplex import InstanceContext, InvalidInput, Unsupported
+from modelplex import InstanceContext, InvalidInput, Unsupported, params
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 OPENVINO, TENSORRT = "OpenVINOExecutionProvider", "TensorrtExecutionProvider"
@@ -27,14 +27,8 @@ def _int_parameter(parameters: dict[str, str], key: str, default: int, allowed=N
 
 
 def _bool_parameter(parameters: dict[str, str], key: str) -> bool | None:
-    text = parameters.get(key, "").strip().lower()
-    if not text:
-        return None
-    if text in ("1", "true", "on", "yes"):
-        return True
-    if text in ("0", "false", "off", "no"):
-        return False
-    raise InvalidInput(f"parameter '{key}' must be true or false, got {text!r}")
+    text = parameters.get(key, "").strip()
+    return params.parse_bool(text, f"parameter '{key}'") if text else None
 
 
 def session_options(config, parameters: dict[str, str]):

@@ -75,7 +75,8 @@ class LLMWorkerClient:
             while True:
                 kind, payload = await queue.get()
                 if kind == "error":
-                    raise InvalidInput(payload)
+                    param, message = payload
+                    raise InvalidInput(message, param=param)
                 if kind == "died":
                     raise InternalError(payload)
                 if kind == "cancelled":

@@ -13,16 +13,20 @@ DEFAULT_MAX_TOKENS = 16
 
 
 class SamplingError(ValueError):
-    """A sampling field OpenVINO GenAI cannot honour; the message starts with the field's name."""
+    """A sampling field OpenVINO GenAI cannot honour: `field` names it; the message starts with it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
 
 def _typed(key: str, value):
     if key in llm_protocol.FLOAT_FIELDS and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise SamplingError(f"{key}: must be a number, got {value!r}")
+        raise SamplingError(key, f"must be a number, got {value!r}")
     if key in llm_protocol.INT_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
-        raise SamplingError(f"{key}: must be an integer, got {value!r}")
+        raise SamplingError(key, f"must be an integer, got {value!r}")
     if key in llm_protocol.BOOL_FIELDS and not isinstance(value, bool):
-        raise SamplingError(f"{key}: must be true or false, got {value!r}")
+        raise SamplingError(key, f"must be true or false, got {value!r}")
     return value
 
 
@@ -32,7 +36,7 @@ def generation_config(sampling: dict, num_prompt_tokens: int, max_model_len: int
 
     for key in sampling:
         if key not in llm_protocol.SAMPLING_FIELDS:
-            raise SamplingError(f"{key}: unknown sampling parameter")
+            raise SamplingError(key, "unknown sampling parameter")
     values = {k: _typed(k, v) for k, v in sampling.items() if v is not None or k != "max_tokens"}
     config = og.GenerationConfig()
     config.eos_token_id = eos_token_id
@@ -40,48 +44,48 @@ def generation_config(sampling: dict, num_prompt_tokens: int, max_model_len: int
     max_tokens = room if "max_tokens" in sampling and sampling["max_tokens"] is None else values.get(
         "max_tokens", DEFAULT_MAX_TOKENS)
     if max_tokens < 1:
-        raise SamplingError(f"max_tokens: must be an integer >= 1, got {max_tokens}")
+        raise SamplingError("max_tokens", f"must be an integer >= 1, got {max_tokens}")
     config.max_new_tokens = min(max_tokens, room)
     temperature = values.get("temperature", 1.0)
     if temperature < 0:
-        raise SamplingError(f"temperature: must be >= 0, got {temperature}")
+        raise SamplingError("temperature", f"must be >= 0, got {temperature}")
     config.do_sample = temperature > 0
     if config.do_sample:
         config.temperature = temperature
         config.top_p = _in_range(values, "top_p", 1.0, 0, 1, low_open=True)
         if values.get("top_k", 0) < 0:
-            raise SamplingError(f"top_k: must be >= 0, got {values['top_k']}")
+            raise SamplingError("top_k", f"must be >= 0, got {values['top_k']}")
         if values.get("top_k", 0):
             config.top_k = values["top_k"]
         if "seed" in values:
             config.rng_seed = values["seed"]
     if (values.get("response_format") or {}).get("type", "text") != "text":
-        raise SamplingError("response_format: the OpenVINO backend answers only with text so far")
+        raise SamplingError("response_format", "the OpenVINO backend answers only with text so far")
     if values.get("min_p", 0.0) != 0.0:
-        raise SamplingError("min_p: OpenVINO GenAI has no min-p sampling; leave it at 0")
+        raise SamplingError("min_p", "OpenVINO GenAI has no min-p sampling; leave it at 0")
     config.repetition_penalty = values.get("repetition_penalty", 1.0)
     if config.repetition_penalty <= 0:
-        raise SamplingError(f"repetition_penalty: must be > 0, got {config.repetition_penalty}")
+        raise SamplingError("repetition_penalty", f"must be > 0, got {config.repetition_penalty}")
     config.presence_penalty = _in_range(values, "presence_penalty", 0.0, -2, 2)
     config.frequency_penalty = _in_range(values, "frequency_penalty", 0.0, -2, 2)
     n = values.get("n", 1)
     if n < 1:
-        raise SamplingError(f"n: must be an integer >= 1, got {n}")
+        raise SamplingError("n", f"must be an integer >= 1, got {n}")
     if n > 1 and not config.do_sample:
-        raise SamplingError("n: more than one completion needs sampling (temperature > 0); greedy ones are equal")
+        raise SamplingError("n", "more than one completion needs sampling (temperature > 0); greedy ones are equal")
     config.num_return_sequences = n
     stop = values.get("stop", [])
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or any(not isinstance(s, str) or not s for s in stop):
-        raise SamplingError("stop: must be non-empty strings")
+        raise SamplingError("stop", "must be non-empty strings")
     config.stop_strings = set(stop)
     stop_ids = values.get("stop_token_ids", [])
     if not isinstance(stop_ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in stop_ids):
-        raise SamplingError("stop_token_ids: must be a list of integers")
+        raise SamplingError("stop_token_ids", "must be a list of integers")
     config.stop_token_ids = set(stop_ids) | {eos_token_id}
     config.ignore_eos = values.get("ignore_eos", False)
     if values.get("logprobs") not in (None, 0):
-        raise SamplingError("logprobs: OpenVINO GenAI reports only the chosen token's log-probability; ask for 0 "
+        raise SamplingError("logprobs", "OpenVINO GenAI reports only the chosen token's log-probability; ask for 0 "
                             "alternatives")
     if "logprobs" in values:
         config.logprobs = 1  # OpenVINO GenAI's "1" is the chosen token's log-probability
@@ -91,5 +95,5 @@ def generation_config(sampling: dict, num_prompt_tokens: int, max_model_len: int
 def _in_range(values: dict, key: str, default: float, low: float, high: float, low_open: bool = False) -> float:
     value = values.get(key, default)
     if value > high or value < low or (low_open and value == low):
-        raise SamplingError(f"{key}: must be in {'(' if low_open else '['}{low}, {high}], got {value}")
+        raise SamplingError(key, f"must be in {'(' if low_open else '['}{low}, {high}], got {value}")
     return value

@@ -20,6 +20,8 @@ from modelplex import (LORA_MODULES_PARAMETER, InferRequest, InferResponse, Inst
                        ModelInstance, Unavailable)
 from modelplex import LLMMetrics
 from modelplex import llm_protocol
+from modelplex import EngineStats
+from modelplex import params
 
 from .devices import configured_device, select_device, shared_core
 from .llm_client import LLMWorkerClient
@@ -78,7 +80,7 @@ def worker_settings(ictx: InstanceContext) -> dict:
     scheduler = dict(SCHEDULER_DEFAULTS)
     for parameter, field in SCHEDULER_PARAMETERS.items():
         if parameter in parameters and isinstance(SCHEDULER_DEFAULTS[field], bool):
-            scheduler[field] = parameters[parameter].strip().lower() in ("1", "true", "yes", "on")
+            scheduler[field] = params.parse_bool(parameters[parameter], f"parameter '{parameter}'")
         elif parameter in parameters:
             scheduler[field] = _integer(parameters, parameter, SCHEDULER_DEFAULTS[field], 1)
     config = hf_config(ctx.version_path)
@@ -112,7 +114,7 @@ class OpenVINOLLMInstance(ModelInstance):
         async with contextlib.aclosing(self._generate(request)) as deltas:
             async for delta in deltas:
                 if delta["num_sequences"] > 1:
-                    raise InvalidInput("n: more than one completion per request needs a decoupled model")
+                    raise InvalidInput("n: more than one completion per request needs a decoupled model", param="n")
                 text.append(delta["text"])
                 logprobs += _logprob_entries(delta)
                 last = delta

@@ -99,11 +99,11 @@ class Engine:
         try:
             prompt_ids = self._prompt_ids(inputs)
             if len(prompt_ids) >= self.max_model_len:
-                raise SamplingError(f"prompt: {len(prompt_ids)} tokens; the context length (max_model_len) is "
+                raise SamplingError("prompt", f"{len(prompt_ids)} tokens; the context length (max_model_len) is "
                                     f"{self.max_model_len}")
             config = generation_config(inputs["sampling"], len(prompt_ids), self.max_model_len, self.eos_token_id)
         except SamplingError as e:
-            return [(request_id, "error", str(e))]
+            return [(request_id, "error", (e.field, str(e)))]
         skip = inputs["sampling"].get("skip_special_tokens", True)
         request = Request(request_id, prompt_ids, config, inputs["lora"], self.tokenizer, skip is not False)
         self.requests[request_id] = request
@@ -114,14 +114,14 @@ class Engine:
         text = inputs["text"]
         if inputs["messages"] is not None:
             if not self.tokenizer.chat_template:
-                raise SamplingError("messages: this model has no chat template; send text_input")
+                raise SamplingError("messages", "this model has no chat template; send text_input")
             try:
                 text = self.tokenizer.apply_chat_template(inputs["messages"], add_generation_prompt=True)
             except RuntimeError as e:
-                raise SamplingError(f"messages: the chat template refused them: {e}") from None
+                raise SamplingError("messages", f"the chat template refused them: {e}") from None
         ids = [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False).input_ids.data[0]]
         if not ids:
-            raise SamplingError("prompt: is empty")
+            raise SamplingError("prompt", "is empty")
         return ids
 
     def cancel(self, request_id: int) -> None:
@@ -187,7 +187,7 @@ class Engine:
             status = handle.get_status().name
             if status != "RUNNING":
                 if status == "IGNORED":  # refused by the scheduler (no KV room for the prompt)
-                    events.append((request.request_id, "error", "prompt: does not fit the KV cache"))
+                    events.append((request.request_id, "error", ("prompt", "prompt: does not fit the KV cache")))
                 elif status != "FINISHED":  # cancelled: its stream is gone already
                     events.append((request.request_id, "cancelled", None))
                 del self.requests[request.request_id]

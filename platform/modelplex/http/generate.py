@@ -74,7 +74,7 @@ def generate_answer(response: InferResponse) -> dict:
 def _join(responses: list[InferResponse]) -> InferResponse:
     """A stream's text deltas as one response: BYTES outputs concatenated, the last one's parameters."""
     if any(r.parameters.get("index", 0) for r in responses):
-        raise InvalidInput("n: generate returns one text; use /v1/completions for several")
+        raise InvalidInput("n: generate returns one text; use /v1/completions for several", param="n")
     last = responses[-1]
     for tensor in last.outputs:
         if tensor.datatype == "BYTES":

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..models.adapters import LORA_PARAMETER
 from ..core.errors import InvalidInput
+from ..core.params import parse_bool
 from ..core.tensors import InferRequest, InferResponse, InferTensor
 
 # Sampling fields and their types: what request parameters may carry and how strings become numbers.
@@ -59,7 +60,7 @@ def read_generate_inputs(request: InferRequest) -> GenerateInputs:
     """The request's prompt (or messages) and sampling fields; InvalidInput names the field at fault."""
     names = {t.name for t in request.inputs}
     if ("text_input" in names) == ("messages" in names):
-        raise InvalidInput("text_input: give exactly one of 'text_input' and 'messages'")
+        raise InvalidInput("text_input: give exactly one of 'text_input' and 'messages'", param="text_input")
     text = messages = None
     if "messages" in names:
         messages = chat_messages(_json_input(request, "messages"))
@@ -69,7 +70,7 @@ def read_generate_inputs(request: InferRequest) -> GenerateInputs:
     if "sampling_parameters" in names:
         sampling = _json_input(request, "sampling_parameters")
         if not isinstance(sampling, dict):
-            raise InvalidInput("sampling_parameters: must be a JSON object")
+            raise InvalidInput("sampling_parameters: must be a JSON object", param="sampling_parameters")
         values.update(sampling)
     lora = request.parameters.get(LORA_PARAMETER, "")  # the data plane has checked it is a loaded adapter
     return GenerateInputs(text, messages, {k: _coerce(k, v) for k, v in values.items()}, lora)
@@ -78,11 +79,11 @@ def read_generate_inputs(request: InferRequest) -> GenerateInputs:
 def chat_messages(messages) -> list[dict]:
     """Checked chat messages as {role, content} with text content (OpenAI text parts joined)."""
     if not isinstance(messages, list) or not messages:
-        raise InvalidInput("messages: must be a non-empty list of {role, content} objects")
+        raise InvalidInput("messages: must be a non-empty list of {role, content} objects", param="messages")
     plain = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-            raise InvalidInput(f"messages: [{i}] needs a 'role', one of {', '.join(CHAT_ROLES)}")
+            raise InvalidInput(f"messages: [{i}] needs a 'role', one of {', '.join(CHAT_ROLES)}", param="messages")
         plain.append({"role": message["role"], "content": _content_text(message.get("content"), i)})
     return plain
 
@@ -96,7 +97,7 @@ def _content_text(content, i: int) -> str:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
-    raise InvalidInput(f"messages: [{i}].content must be a string or a list of text parts")
+    raise InvalidInput(f"messages: [{i}].content must be a string or a list of text parts", param="messages")
 
 
 def _coerce(key: str, value):
@@ -109,9 +110,9 @@ def _coerce(key: str, value):
         if key in INT_FIELDS:
             return int(value)
     except ValueError:
-        raise InvalidInput(f"{key}: not a number: {value!r}") from None
+        raise InvalidInput(f"{key}: not a number: {value!r}", param=key) from None
     if key in BOOL_FIELDS:
-        return value.strip().lower() in ("1", "true", "yes", "on")
+        return parse_bool(value, key)
     return value
 
 
@@ -119,7 +120,7 @@ def _json_input(request: InferRequest, name: str):
     try:
         return json.loads(first_string(request.input(name)))
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{name}: not JSON ({exc.msg})") from None
+        raise InvalidInput(f"{name}: not JSON ({exc.msg})", param=name) from None
 
 
 def first_string(tensor: InferTensor) -> str:

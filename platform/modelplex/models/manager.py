@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import config as mc
 from .adapters import AdapterSource, static_sources
@@ -22,6 +23,9 @@ from .version import ModelVersion
 from .repository import ModelLocation, ModelRepository, check_name, confined
 from ..core.settings import ServerConfig
 from ..observability.stats import ModelStats
+
+if TYPE_CHECKING:
+    from ..dataplane import DataPlane
 
 log = logging.getLogger(__name__)
 # Models whose load is waiting on this one (a model loads the models it depends on first, e.g. an

@@ -1,14 +1,13 @@
 """OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the matching status.
 
 Data-plane errors keep their status, except a full queue (Unavailable with a retry hint), which
-OpenAI clients expect as 429 with Retry-After. Backend messages start with the field they are
-about ("max_tokens: ..."), which becomes `param`.
+OpenAI clients expect as 429 with Retry-After. An error's `param` (the request field a backend or
+the host named when it raised it) becomes the error object's `param`.
 """
 from __future__ import annotations
 
 import logging
 import math
-import re
 
 import orjson
 from fastapi.routing import APIRoute
@@ -23,7 +22,6 @@ log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 501: "not_implemented_error",
           503: "service_unavailable_error"}
-_FIELD_PREFIX = re.compile(r"([a-z_]+): ")
 
 
 class RequestError(ModelplexError):
@@ -32,8 +30,7 @@ class RequestError(ModelplexError):
     status = 400
 
     def __init__(self, param: str | None, message: str):
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
 
 
 def error_object(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -41,12 +38,15 @@ def error_object(status: int, message: str, param: str | None = None, code: str 
 
 
 def with_param(exc: ModelplexError, aliases: dict[str, str]) -> ModelplexError:
-    """A backend's 400 ("field: message") as a RequestError naming the request's field."""
-    match = _FIELD_PREFIX.match(exc.message) if exc.status == 400 else None
-    if match is None or isinstance(exc, RequestError):
+    """A backend's 400 about one of its fields as a RequestError naming the request's field (the
+    OpenAI spelling, e.g. `max_completion_tokens` for the protocol's `max_tokens`)."""
+    if exc.status != 400 or exc.param is None or isinstance(exc, RequestError):
         return exc
-    param = aliases.get(match[1], match[1])
-    return RequestError(param, param + exc.message[len(match[1]):])
+    param = aliases.get(exc.param, exc.param)
+    message = exc.message
+    if message.startswith(exc.param + ": "):  # "max_tokens: ..." names the field the client sent
+        message = param + message[len(exc.param):]
+    return RequestError(param, message)
 
 
 def describe(exc: BaseException) -> tuple[int, dict, dict]:
@@ -59,14 +59,12 @@ def describe(exc: BaseException) -> tuple[int, dict, dict]:
     if not isinstance(exc, ModelplexError):
         log.error("OpenAI route failed", exc_info=exc)
         return 500, error_object(500, f"internal error: {type(exc).__name__}: {exc}"), headers
-    status, param, code = exc.status, None, None
+    status, param, code = exc.status, exc.param if exc.status == 400 else None, None
     if isinstance(exc, Unavailable) and exc.retry_after is not None:
         status, code = 429, "rate_limit_exceeded"
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
     elif isinstance(exc, NotFound):
         code = "model_not_found"
-    elif status == 400 and (match := _FIELD_PREFIX.match(exc.message)):
-        param = match[1]
     return status, error_object(status, exc.message, param, code), headers
 
 
