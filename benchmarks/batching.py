@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 from build_repository import build, ensemble_config  # noqa: E402
 from llm_workloads import cpu_model  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+from helpers.serverproc import ServerProcess  # noqa: E402
 
 SEQUENCE = 16  # tokens per minilm request
 BATCHING = "dynamic_batching { }\n"  # Triton's default: batch what is queued, never wait

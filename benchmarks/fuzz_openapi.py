@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 from build_repository import build  # noqa: E402
-from openapi_fuzz import fuzz, load_schema  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+from helpers.openapi_fuzz import fuzz, load_schema  # noqa: E402
+from helpers.serverproc import ServerProcess  # noqa: E402
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples"), str(HERE)]
 from build_repository import build  # noqa: E402
 from host_servers import _CLOCK_TICKS, descendants  # noqa: E402
 from host_wrk import run_wrk, write_lua_scripts  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+from helpers.serverproc import ServerProcess  # noqa: E402
 
 
 class OtlpSink:

@@ -283,7 +283,7 @@ def run_llm(args) -> str:
 
 def run_minilm(args) -> str:
     from build_repository import build
-    from serverproc import ServerProcess
+    from helpers.serverproc import ServerProcess
 
     build(args.repo, ["minilm", "minilm_ov"])
     inputs = request_inputs(args.repo, args.batch)

@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 from build_repository import build  # noqa: E402
 from llm_workloads import cpu_model  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+from helpers.serverproc import ServerProcess  # noqa: E402
 
 LLM, CYCLED, ADAPTERS = "smollm2", "simple_cycled", ("soak_a", "soak_b")
 PROMPT = "Write one sentence about the sea."

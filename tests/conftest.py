@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
 
-from serverproc import ServerProcess  # noqa: E402
+from helpers.serverproc import ServerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers.serverproc import ServerProcess
 
-from modelplex.server.cli import build_parser
 from modelplex.server.assembly import FLUSH_GRACE_SECS, UNLOAD_GRACE_SECS
-from serverproc import ServerProcess
+from modelplex.server.cli import build_parser
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.30.0"  # the oldest release these manifests target (gRPC probes are GA since 1.27)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ensemble_models import FAILS_CONFIG, fails_for_batch_one_model, write_ensemble
+from helpers.ensemble_models import FAILS_CONFIG, fails_for_batch_one_model, write_ensemble
 
 
 @pytest.fixture(scope="session")

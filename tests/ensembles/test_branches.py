@@ -10,8 +10,8 @@ import numpy as np
 import modelplex
 from modelplex import BackendSpec, InferRequest, InferResponse, InferTensor, ModelInstance
 from modelplex.core.plugins import create_plugin_manager
-from modelplex.server.assembly import Server
 from modelplex.core.settings import ServerConfig
+from modelplex.server.assembly import Server
 
 STEP_SECONDS = 0.3
 SLOW_CONFIG = """

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from helpers.serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
-
-from serverproc import ServerProcess
 
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
 B = np.full((1, 16), 3, dtype=np.int32)

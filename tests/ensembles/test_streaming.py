@@ -8,14 +8,14 @@ import queue
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from ensemble_models import write_ensemble
+from helpers.ensemble_models import write_ensemble
 from tritonclient.utils import InferenceServerException
 
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, ModelInstance
 from modelplex.core.plugins import create_plugin_manager
-from modelplex.server.assembly import Server
 from modelplex.core.settings import ServerConfig
+from modelplex.server.assembly import Server
 
 COUNTDOWN_CONFIG = """
 name: "countdown"

@@ -18,10 +18,10 @@ import pytest
 
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, InvalidInput, ModelInstance
-from modelplex.server.cli import main
 from modelplex.core.plugins import create_plugin_manager
-from modelplex.server.assembly import Server
 from modelplex.core.settings import ServerConfig
+from modelplex.server.assembly import Server
+from modelplex.server.cli import main
 
 CONFIG = """backend: "%s"
 max_batch_size: 0

@@ -15,8 +15,8 @@ from tritonclient.utils import InferenceServerException
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, InvalidInput, ModelInstance
 from modelplex.core.plugins import create_plugin_manager
-from modelplex.server.assembly import Server
 from modelplex.core.settings import ServerConfig
+from modelplex.server.assembly import Server
 
 CONFIG = """
 name: "{name}"

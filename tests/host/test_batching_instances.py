@@ -13,8 +13,8 @@ import tritonclient.http as httpclient
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, ModelInstance
 from modelplex.core.plugins import create_plugin_manager
-from modelplex.server.assembly import Server
 from modelplex.core.settings import ServerConfig
+from modelplex.server.assembly import Server
 
 CONFIG = """
 name: "{name}"

@@ -9,9 +9,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import serialize_byte_tensor
 
 from modelplex.core.errors import InternalError, InvalidInput, NotFound, Unavailable, Unsupported
+from modelplex.core.tensors import InferResponse, InferTensor
 from modelplex.grpc.codec import decode_request, encode_response
 from modelplex.grpc.status import pushback, status_code
-from modelplex.core.tensors import InferResponse, InferTensor
 
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
 DTYPES = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,

@@ -8,14 +8,13 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tritonclient.grpc import InferResult
+from tritonclient.grpc import InferResult, service_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc
 
 from modelplex import BackendSpec, InferResponse, InferTensor, InvalidInput, ModelInstance
+from modelplex.core.settings import ServerConfig
 from modelplex.dataplane import DataPlane
 from modelplex.grpc.server import create_grpc_server
-from modelplex.core.settings import ServerConfig
 
 
 def make_dataplane(tmp_path, **settings) -> tuple[DataPlane, ServerConfig]:

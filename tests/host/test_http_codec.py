@@ -10,9 +10,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from modelplex.core.errors import InternalError, InvalidInput
+from modelplex.core.tensors import InferResponse, InferTensor
 from modelplex.http.body import decompress, response_encoding
 from modelplex.http.codec import OutputFormat, decode_request, encode_response
-from modelplex.core.tensors import InferResponse, InferTensor
 
 SAMPLES = {
     "BOOL": np.array([[True, False, True]]),

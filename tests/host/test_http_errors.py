@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-from serverproc import ServerProcess
+from helpers.serverproc import ServerProcess
 
 from modelplex.core.errors import NotFound, Unavailable
 from modelplex.http.errors import modelplex_error

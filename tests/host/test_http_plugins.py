@@ -9,8 +9,8 @@ from fastapi import APIRouter
 import modelplex
 from modelplex.core.errors import NotFound
 from modelplex.core.plugins import create_plugin_manager
-from modelplex.server.assembly import Server
 from modelplex.core.settings import ServerConfig
+from modelplex.server.assembly import Server
 
 
 class EchoPlugin:

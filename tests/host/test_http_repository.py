@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from serverproc import ServerProcess
+from helpers.serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 BAD_NAMES = ["..", "a/b", "/etc", "bad\x00name", "x" * 300, "../outside"]

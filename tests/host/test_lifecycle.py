@@ -8,9 +8,8 @@ import time
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from helpers.serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
-
-from serverproc import ServerProcess
 
 
 def simple_inputs():

@@ -15,10 +15,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers.serverproc import ServerProcess
+from helpers.stream_clients import repeat_stream
 from tritonclient.utils import InferenceServerException
-
-from serverproc import ServerProcess
-from stream_clients import repeat_stream
 
 REPEAT = Path(__file__).resolve().parent.parent / "python_backend" / "models" / "repeat_int32"
 ENV = {"MODELPLEX_PLUGINS": "python"}

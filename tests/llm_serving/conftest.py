@@ -6,9 +6,8 @@ test can fill it; every other test sends one request at a time (or n=2).
 import importlib.util
 
 import pytest
-
-from llm_helpers import MODEL, wait_for_stats
-from serverproc import ServerProcess
+from helpers.llm_serving import MODEL, wait_for_stats
+from helpers.serverproc import ServerProcess
 
 LIMITS = """parameters { key: "max_num_seqs" value { string_value: "2" } }
 parameters { key: "max_queue_size" value { string_value: "1" } }

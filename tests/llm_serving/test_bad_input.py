@@ -2,8 +2,7 @@
 import httpx
 import openai
 import pytest
-
-from llm_helpers import MODEL, QUESTION
+from helpers.llm_serving import MODEL, QUESTION
 
 LONG_PROMPT = "hello " * 2100  # over max_model_len 2048
 

@@ -12,8 +12,7 @@ from contextlib import AsyncExitStack
 import httpx
 import openai
 import pytest
-
-from llm_helpers import MODEL, engine_stats, grpc_inputs, wait_for_stats
+from helpers.llm_serving import MODEL, engine_stats, grpc_inputs, wait_for_stats
 
 LONG = {"model": MODEL, "prompt": "Count to a thousand:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
 

@@ -5,8 +5,7 @@ import queue
 import httpx
 import numpy as np
 import pytest
-
-from llm_helpers import MODEL, grpc_inputs
+from helpers.llm_serving import MODEL, grpc_inputs
 
 PROMPT = "The capital of France is"
 GREEDY = {"max_tokens": 8, "temperature": 0}

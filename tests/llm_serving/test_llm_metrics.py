@@ -5,10 +5,9 @@ KV usage gauge where it was.
 import time
 
 import httpx
+from helpers.llm_serving import MODEL, QUESTION
+from helpers.metrics_doc import undocumented
 from prometheus_client.parser import text_string_to_metric_families
-
-from llm_helpers import MODEL, QUESTION
-from metrics_doc import undocumented
 
 LABELS = {"model": MODEL, "version": "1"}
 

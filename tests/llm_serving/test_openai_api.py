@@ -3,8 +3,7 @@ import base64
 
 import numpy as np
 import pytest
-
-from llm_helpers import MODEL, QUESTION
+from helpers.llm_serving import MODEL, QUESTION
 
 PROMPT = "The capital of France is"
 

@@ -3,8 +3,7 @@ validates (jsonschema), for one completion, for n=2 sampled ones in the same bat
 import json
 
 import jsonschema
-
-from llm_helpers import MODEL
+from helpers.llm_serving import MODEL
 
 CITY = {
     "type": "object",

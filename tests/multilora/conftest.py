@@ -1,13 +1,10 @@
 """Fixtures of the multi-LoRA tests: the engine importable from a source checkout, SmolLM2 (the GGUF
 wheel) for the engine and for transformers + PEFT, and LoRA adapters that PEFT itself creates."""
 import os
-import sys
 
 import pytest
-from lora_helpers import ADAPTERS, make_adapter
+from helpers.lora import ADAPTERS, make_adapter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "backends", "native_gpu"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 import torch
-from metrics_doc import undocumented
-from lora_helpers import make_adapter
-from serverproc import ServerProcess
+from helpers.lora import make_adapter
+from helpers.metrics_doc import undocumented
+from helpers.serverproc import ServerProcess
 
 MODEL = "smollm2"
 LORA_PARAMETERS = """parameters { key: "max_loras" value { string_value: "2" } }

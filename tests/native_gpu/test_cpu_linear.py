@@ -5,26 +5,9 @@ import sys
 
 import pytest
 import torch
+from helpers.linear_check import check_against_torch
 
 from modelplex_native_gpu.kernels import cpu
-
-
-def check_against_torch(ops):
-    """Shapes cover a partial last panel (1000, 7 columns), K not a multiple of a register, a tile of
-    fewer than its rows, several tiles, and more tokens than one L2 row block."""
-    for n, k in [(960, 576), (1000, 576), (7, 100), (576, 1536)]:
-        g = torch.Generator().manual_seed(n + k)
-        weight, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
-        packed = ops.pack_linear_weight(weight)
-        for m in (1, 5, 8, 9, 70, 300):
-            x = torch.randn(m, k, generator=g)
-            want = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
-            torch.testing.assert_close(ops.packed_linear(x, packed, n, bias).double(), want, rtol=1e-5, atol=1e-4)
-            got = ops.packed_linear(x, packed, n, None)
-            torch.testing.assert_close(got.double(), want - bias.double(), rtol=1e-5, atol=1e-4)
-            # Each token's outputs are the same bits whatever it is batched with.
-            for row in {0, m // 2, m - 1}:
-                assert torch.equal(ops.packed_linear(x[row:row + 1].clone(), packed, n, None)[0], got[row])
 
 
 def test_packed_linear_matches_torch_and_does_not_depend_on_the_batch(ops):
@@ -43,8 +26,7 @@ def test_bad_shapes_are_refused(ops):
 OTHER_BUILD = """
 import sys, torch
 from torch.utils import cpp_extension
-sys.path.insert(0, sys.argv[2])
-from test_cpu_linear import check_against_torch
+from helpers.linear_check import check_against_torch
 cpp_extension.load(name="modelplex_linear_" + sys.argv[1].replace("-", "_"), sources=[sys.argv[3]], is_python_module=False,
                    extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"] + sys.argv[4:])
 check_against_torch(torch.ops.modelplex_cpu)
@@ -56,6 +38,7 @@ print("ok")
 def test_the_avx2_and_portable_builds_match_torch(flags):
     source = os.path.join(os.path.dirname(cpu.__file__), "csrc", "linear.cpp")
     tag = "avx2" if len(flags) == 1 else "portable"
-    result = subprocess.run([sys.executable, "-c", OTHER_BUILD, tag, os.path.dirname(__file__), source, *flags],
-                            capture_output=True, text=True, timeout=600)
+    tests = os.path.dirname(os.path.dirname(__file__))  # the child imports helpers.linear_check from there
+    result = subprocess.run([sys.executable, "-c", OTHER_BUILD, tag, tests, source, *flags],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": tests})
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

@@ -9,7 +9,6 @@ import pytest
 modelplex = pytest.importorskip("modelplex")
 from modelplex import InferRequest, InferTensor, InstanceContext, InvalidInput, ModelContext  # noqa: E402
 from modelplex.models.config import parse_pbtxt  # noqa: E402
-
 from modelplex_native_gpu import plugin  # noqa: E402
 
 CONFIG = """

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from serverproc import ServerProcess
+from helpers.serverproc import ServerProcess
 
 from modelplex.server.cli import main
 

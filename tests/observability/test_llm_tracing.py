@@ -11,9 +11,9 @@ import logging
 
 import httpx
 import pytest
-from cdp import Browser, chromium_path
-from inprocess import traced_server
-from test_tracing import CLIENT_SPAN_ID, TRACE_ID, TRACEPARENT, check_ensemble_trace, infer_body
+from helpers.cdp import Browser, chromium_path
+from helpers.inprocess import traced_server
+from helpers.tracing import CLIENT_SPAN_ID, TRACE_ID, TRACEPARENT, check_ensemble_trace, infer_body
 
 from modelplex.observability.tracing import TraceConfig
 

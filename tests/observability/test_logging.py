@@ -9,14 +9,14 @@ import logging
 
 import httpx
 import pytest
-from serverproc import ServerProcess
+from helpers.serverproc import ServerProcess
 
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, ModelInstance
-from modelplex.observability.logs import LOG_SETTINGS
 from modelplex.core.plugins import create_plugin_manager
-from modelplex.server.assembly import Server
 from modelplex.core.settings import ServerConfig
+from modelplex.observability.logs import LOG_SETTINGS
+from modelplex.server.assembly import Server
 
 CHATTY_CONFIG = """
 name: "chatty"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import tritonclient.http as httpclient
-from metrics_doc import exported, undocumented
-from serverproc import ServerProcess
+from helpers.metrics_doc import exported, undocumented
+from helpers.serverproc import ServerProcess
 
 
 def test_every_exported_family_is_documented(ensemble_repo):

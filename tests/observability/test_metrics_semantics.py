@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from helpers.serverproc import ServerProcess
 from prometheus_client.parser import text_string_to_metric_families
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 MODELS = Path(__file__).resolve().parents[1] / "python_backend" / "models"

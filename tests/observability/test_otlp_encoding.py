@@ -81,7 +81,7 @@ def test_varint_boundaries():
 
 
 def test_the_collector_address_follows_opentelemetrys_environment():
-    from modelplex.observability.tracing import default_otlp_url
+    from modelplex.core.trace_config import default_otlp_url
 
     assert default_otlp_url({}) == "http://localhost:4318/v1/traces"
     assert default_otlp_url({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318/"}) == "http://otel:4318/v1/traces"

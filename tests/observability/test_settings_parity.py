@@ -6,7 +6,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from google.protobuf import json_format
-from serverproc import ServerProcess
+from helpers.serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 

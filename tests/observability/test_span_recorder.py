@@ -8,12 +8,20 @@ import re
 import time
 
 import pytest
-from test_otlp_exporter import receiver
+from helpers.otlp_receiver import receiver
 
-from modelplex import trace_export
+from modelplex.observability import trace_export
 from modelplex.observability.trace_export import ExporterProcess
-from modelplex.observability.trace_spans import (SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, STATUS_ERROR, STATUS_UNSET, SpanDecoder,
-                                   current_span, new_recorder, share)
+from modelplex.observability.trace_spans import (
+    SPAN_KIND_INTERNAL,
+    SPAN_KIND_SERVER,
+    STATUS_ERROR,
+    STATUS_UNSET,
+    SpanDecoder,
+    current_span,
+    new_recorder,
+    share,
+)
 
 # W3C Trace Context, level 1 (version 00 exactly; a later version may carry more fields), as a regex.
 TRACEPARENT = re.compile(r"[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cdp import Browser, chromium_path
-from serverproc import ServerProcess
+from helpers.cdp import Browser, chromium_path
+from helpers.serverproc import ServerProcess
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 STATE_OF = "document.querySelector('tr[data-model=\"{}\"] td.state')?.textContent"

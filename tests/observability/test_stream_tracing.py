@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 import numpy as np
-from inprocess import traced_server
+from helpers.inprocess import traced_server
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 

@@ -10,8 +10,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+from helpers.serverproc import ServerProcess
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from serverproc import ServerProcess
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 BODY = {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
@@ -126,7 +126,7 @@ def test_the_event_loop_sends_full_batches_at_once_and_the_rest_after_the_delay(
     the event loop for the GIL: ~8 µs a traced request, benchmarks/results/observability.md)."""
     import asyncio
 
-    from inprocess import traced_server
+    from helpers.inprocess import traced_server
 
     from modelplex.observability.tracing import TraceConfig
 

@@ -6,8 +6,17 @@ from __future__ import annotations
 import asyncio
 import time
 
-from modelplex.observability.trace_spans import (SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, STATUS_ERROR, STATUS_UNSET, Span, SpanDecoder,
-                                   current_span, expand_children, new_recorder)
+from modelplex.observability.trace_spans import (
+    SPAN_KIND_INTERNAL,
+    SPAN_KIND_SERVER,
+    STATUS_ERROR,
+    STATUS_UNSET,
+    Span,
+    SpanDecoder,
+    current_span,
+    expand_children,
+    new_recorder,
+)
 
 
 def test_a_model_span_added_once_done_nests_its_phases_and_keeps_its_error():

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 from build_repository import ONNX_IR_VERSION, ONNX_OPSET, sum_difference_model
-from infer_clients import PROTOCOLS, infer, model_config, repository_index
+from helpers.infer_clients import PROTOCOLS, infer, model_config, repository_index
+from helpers.serverproc import ServerProcess
 from onnx import TensorProto, helper
-from serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
 
 

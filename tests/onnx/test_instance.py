@@ -11,11 +11,19 @@ import onnx
 import onnxruntime as ort
 import pytest
 from build_repository import sum_difference_model
-from modelplex import (InferRequest, InferTensor, InstanceContext, InvalidInput, ModelContext, RequestedOutput,
-                       Unsupported)
+
+from modelplex import (
+    InferRequest,
+    InferTensor,
+    InstanceContext,
+    InvalidInput,
+    ModelContext,
+    RequestedOutput,
+    Unsupported,
+)
+from modelplex.core.settings import ServerConfig
 from modelplex.models.config import parse_pbtxt
 from modelplex.server.assembly import Server
-from modelplex.core.settings import ServerConfig
 from modelplex_onnx.instance import OnnxInstance
 from modelplex_onnx.session import CPU, CUDA, OPENVINO, TENSORRT, execution_providers, session_options
 

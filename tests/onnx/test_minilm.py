@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from build_repository import minilm_source
-from infer_clients import PROTOCOLS, infer, model_config
-from serverproc import ServerProcess
+from helpers.infer_clients import PROTOCOLS, infer, model_config
+from helpers.serverproc import ServerProcess
 
 pytestmark = pytest.mark.slow
 

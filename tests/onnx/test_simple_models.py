@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from infer_clients import PROTOCOLS, client, infer
+from helpers.infer_clients import PROTOCOLS, client, infer
 from tritonclient.utils import InferenceServerException
 
 

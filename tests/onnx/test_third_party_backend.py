@@ -11,8 +11,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from infer_clients import PROTOCOLS, infer, model_config, repository_index
-from serverproc import ServerProcess
+from helpers.infer_clients import PROTOCOLS, infer, model_config, repository_index
+from helpers.serverproc import ServerProcess
 
 DISTRIBUTION = "modelplex-test-echo-backend"
 

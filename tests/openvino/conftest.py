@@ -1,13 +1,9 @@
 """Fixtures of the OpenVINO backend tests: minilm in both formats, built once per test session."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-# The ONNX tests' client helpers (HTTP and gRPC asked the same way) serve these tests too.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "onnx"))
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +41,7 @@ def smollm2_ov_folder(tmp_path_factory) -> Path:
 def hf_smollm2():
     """(tokenizer, fp32 model) of the same GGUF through transformers: the reference text."""
     from build_repository import smollm2_gguf
+
     from modelplex_openvino.llm_export import load_hf
 
     return load_hf(smollm2_gguf())

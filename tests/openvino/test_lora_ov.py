@@ -10,8 +10,8 @@ import asyncio
 import httpx
 import openai
 import pytest
-from llm_ov_helpers import greedy_reference, link_model, wait_until_idle
-from serverproc import ServerProcess
+from helpers.openvino_llm import greedy_reference, link_model, wait_until_idle
+from helpers.serverproc import ServerProcess
 
 MODEL = "smollm2_ov"
 PROMPTS = ["What is the capital of France?", "Name a fruit that is yellow."]

@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from ov_models import tokenize, torch_embeddings
-from infer_clients import PROTOCOLS, infer, model_config
-from serverproc import ServerProcess
+from helpers.infer_clients import PROTOCOLS, infer, model_config
+from helpers.ov_models import tokenize, torch_embeddings
+from helpers.serverproc import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,11 @@ import threading
 
 import numpy as np
 import pytest
-from ov_models import expected_linear, instance_context, linear_model, linear_onnx, write_ir
+from helpers.ov_models import expected_linear, instance_context, linear_model, linear_onnx, write_ir
+
 from modelplex import InferRequest, InferTensor, InvalidInput, RequestedOutput
-from modelplex.scheduling.batch_merge import merge_requests, split_response
 from modelplex.models.config import parse_pbtxt
+from modelplex.scheduling.batch_merge import merge_requests, split_response
 from modelplex_openvino.devices import configured_device, select_device
 from modelplex_openvino.instance import OpenVINOInstance
 from modelplex_openvino.static_shapes import make_static, needs_static_shapes
@@ -202,8 +203,7 @@ FIRST_RUNS_AT_ONCE = """
 import sys, threading
 from pathlib import Path
 import numpy as np
-sys.path.insert(0, {tests!r})
-from ov_models import instance_context
+from helpers.ov_models import instance_context
 from modelplex_openvino.instance import OpenVINOInstance
 instance = OpenVINOInstance(instance_context(Path({model_dir!r}), {config!r}))
 requests = [instance.compiled_model.create_infer_request() for _ in range(4)]
@@ -221,15 +221,17 @@ print("done")
 def test_the_first_runs_may_come_at_once(tmp_path):
     """The very first runs of a process on several infer requests at once (as the pool's threads may make
     them): without `shared_core` making pyopenvino's first `to_dtype()` alone, most fresh processes deadlock."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     model_dir = write_ir(tmp_path, "linear", None)
     config = LINEAR_CONFIG + 'parameters { key: "NUM_STREAMS" value { string_value: "2" } }\n'
-    script = FIRST_RUNS_AT_ONCE.format(tests=str(Path(__file__).parent), model_dir=str(model_dir), config=config)
+    script = FIRST_RUNS_AT_ONCE.format(model_dir=str(model_dir), config=config)
+    tests = str(Path(__file__).parent.parent)  # the children import helpers.ov_models from there
     runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True) for _ in range(2)]
+                             text=True, env={**os.environ, "PYTHONPATH": tests}) for _ in range(2)]
     try:
         outputs = [run.communicate(timeout=60)[0] for run in runs]
     finally:
@@ -251,6 +253,7 @@ def test_an_onnx_file_needs_no_default_model_filename(tmp_path):
 def test_models_config_pbtxt_cannot_describe_are_refused(tmp_path):
     import openvino as ov
     import openvino.opset13 as ops
+
     from modelplex_openvino.autocomplete import auto_complete_config
 
     any_rank = ops.parameter(ov.PartialShape.dynamic(), ov.Type.f32, name="x")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ov_models import expected_linear, linear_onnx, openvino_config, write_ir
-from infer_clients import PROTOCOLS, client, infer, model_config, repository_index
-from serverproc import ServerProcess
+from helpers.infer_clients import PROTOCOLS, client, infer, model_config, repository_index
+from helpers.ov_models import expected_linear, linear_onnx, openvino_config, write_ir
+from helpers.serverproc import ServerProcess
 
 GOOD = {
     "linear": None,  # no config.pbtxt at all: model.xml says OpenVINO, the model says the rest
@@ -132,6 +132,7 @@ def test_cache_dir_holds_the_compiled_model(server, repo):
 
 def test_devices_endpoint_lists_openvinos_devices(server):
     import httpx
+
     from modelplex_openvino.devices import shared_core
 
     answer = httpx.get(f"http://{server.http_url}/v2/devices").json()

@@ -17,9 +17,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from infer_clients import repository_index
-from llm_ov_helpers import engine_stats, greedy_reference, link_model, ov_llm_config, wait_until_idle
-from serverproc import ServerProcess
+from helpers.infer_clients import repository_index
+from helpers.openvino_llm import engine_stats, greedy_reference, link_model, ov_llm_config, wait_until_idle
+from helpers.serverproc import ServerProcess
 
 MODEL = "smollm2_ov"
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain what a CPU does in two sentences.",

@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from python_clients import SERVER_ENV, load_args
+from helpers.python_clients import SERVER_ENV, load_args
 
 MODELS = Path(__file__).resolve().parent / "models"
 # Loaded at start; `init_fails` and `spare` are loaded by the tests about loading.
@@ -27,7 +27,7 @@ def python_repo(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def python_server(python_repo):
     """One server for the tests that leave every model as they found it."""
-    from serverproc import ServerProcess
+    from helpers.serverproc import ServerProcess
 
     with ServerProcess([python_repo], *load_args(SERVED), env=SERVER_ENV) as server:
         yield server

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from python_clients import http_infer, inputs, stream, text
+from helpers.python_clients import http_infer, inputs, stream, text
 
 
 def eventually(check, timeout: float = 5) -> bool:

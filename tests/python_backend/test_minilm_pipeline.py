@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from python_clients import SERVER_ENV, inputs, load_args
-from serverproc import ServerProcess
+from helpers.python_clients import SERVER_ENV, inputs, load_args
+from helpers.serverproc import ServerProcess
 
 SENTENCES = ["A man is eating food.", "ok", "The quick brown fox jumps over the lazy dog, twice, at dawn."]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from python_clients import http_infer, inputs, stream, text
+from helpers.python_clients import http_infer, inputs, stream, text
 
 
 @pytest.mark.parametrize("protocol", [httpclient, grpcclient])

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+
 import triton_python_backend_utils as pb_utils
 from modelplex_python.protocol import Channel, ChannelClosed, decode_tensor, encode_tensor
 

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from python_clients import SERVER_ENV, http_infer, inputs, load_args
-from serverproc import ServerProcess
+from helpers.python_clients import SERVER_ENV, http_infer, inputs, load_args
+from helpers.serverproc import ServerProcess
 
 
 @pytest.fixture(scope="module")

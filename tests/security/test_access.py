@@ -10,12 +10,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers.serverproc import ServerProcess
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from modelplex.core.api_groups import GRPC_METHODS, HTTP_ROUTES
 from modelplex_admin.policy import parse_restriction
-from serverproc import ServerProcess
 
 ADMIN, KEY, STATS = "admin-7c1f", "key-42aa", "stats-9"
 NO_AUTH, WRONG = {}, {"authorization": "Bearer not-the-token"}
@@ -156,9 +156,9 @@ def declared_http_paths(app):
 def test_every_route_and_method_declares_its_group(example_repo):
     """The datasette rule for access: a route or RPC added without a line in the policy fails here
     (it would otherwise be closed behind the admin token by default)."""
+    from modelplex.core.settings import ServerConfig
     from modelplex.http.app import create_http_app
     from modelplex.server.assembly import Server
-    from modelplex.core.settings import ServerConfig
 
     server = Server(ServerConfig(model_repositories=[example_repo]))
     app = create_http_app(server.dataplane, server.settings, server._http_routers()).app

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from helpers.serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
-
-from serverproc import ServerProcess
 
 ADMIN = "admin-split-token"
 

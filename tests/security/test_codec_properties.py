@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from modelplex.core.errors import InvalidInput
-from modelplex.http.codec import OutputFormat, decode_request, encode_response
 from modelplex.core.tensors import InferResponse, InferTensor
+from modelplex.http.codec import OutputFormat, decode_request, encode_response
 
 DTYPES = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
           "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from helpers.openapi_fuzz import fuzz, load_schema
+from helpers.serverproc import ServerProcess
 from schemathesis import GenerationMode
-
-from openapi_fuzz import fuzz, load_schema
-from serverproc import ServerProcess
 
 EXAMPLES = 12
 

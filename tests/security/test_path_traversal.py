@@ -9,9 +9,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 import tritonclient.grpc as grpcclient
+from helpers.serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
-
-from serverproc import ServerProcess
 
 CANARY_TEXT = "canary: must never change"
 # Each is tried as a model name (percent-encoded in URLs, so the server sees the raw characters).

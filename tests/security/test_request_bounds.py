@@ -13,10 +13,9 @@ import grpc
 import httpx
 import pytest
 import tritonclient.grpc as grpcclient
+from helpers.serverproc import ServerProcess
+from helpers.stream_clients import repeat_stream
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-from serverproc import ServerProcess
-from stream_clients import repeat_stream
 
 REPEAT = Path(__file__).resolve().parent.parent / "python_backend" / "models" / "repeat_int32"
 

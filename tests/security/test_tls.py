@@ -4,15 +4,13 @@ from __future__ import annotations
 import ssl
 import time
 
-import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from helpers.serverproc import ServerProcess
 from tritonclient.utils import InferenceServerException
-
-from serverproc import ServerProcess
 
 
 def simple_inputs(module):

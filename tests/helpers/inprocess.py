@@ -6,9 +6,9 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from modelplex.server.assembly import Server
 from modelplex.core.settings import ServerConfig
 from modelplex.observability.tracing import TraceConfig, Tracing
+from modelplex.server.assembly import Server
 
 
 @contextlib.asynccontextmanager

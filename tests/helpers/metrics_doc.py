@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 ROW = re.compile(r"^\| `([\w:]+)` \| (\w+) \| ([^|]*) \|", re.M)
 
 
