@@ -52,7 +52,7 @@ def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
                 settings[key] = int(value)
             elif key == "gpu_memory_utilization":
                 settings[key] = float(value)
-            elif key in ("enable_prefix_caching", "adaptive_threads"):
+            elif key in ("enable_prefix_caching", "adaptive_threads", "enforce_eager"):
                 settings[key] = value.strip().lower() in ("1", "true", "yes", "on")
             else:
                 settings[key] = value
