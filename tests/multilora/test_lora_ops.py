@@ -1,11 +1,9 @@
 """Batched LoRA shrink/expand: the torch ops and the CPU path (oneDNN-packed) against a per-token loop,
-and the Triton kernels against the torch ops under TRITON_INTERPRET=1 on CPU tensors."""
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton decorates the kernels
-
+and the Triton kernels against the torch ops: compiled on a GPU, else under TRITON_INTERPRET=1 on CPU
+tensors in a child pytest (tests/helpers/triton_mode.py)."""
 import pytest
 import torch
+from helpers.triton_mode import DEVICE, needs_triton, run_interpreted, runs_the_child
 
 from modelplex_multilora.mapping import LoRAMapping
 from modelplex_multilora.ops import cpu, reference
@@ -33,8 +31,8 @@ def per_token(x, y, lora_a, lora_b, token_slots):
     return want
 
 
-def mapping_for(request_slots, tokens, dtype=torch.float32):
-    return LoRAMapping.build(request_slots, tokens, dtype, torch.device("cpu"))
+def mapping_for(request_slots, tokens, dtype=torch.float32, device="cpu"):
+    return LoRAMapping.build(request_slots, tokens, dtype, torch.device(device))
 
 
 @pytest.mark.parametrize("ops", [reference, cpu], ids=["reference", "cpu"])
@@ -75,6 +73,13 @@ def test_no_adapter_in_the_step_means_no_mapping():
     assert mapping_for([-1, -1], [3, 1]) is None
 
 
+@runs_the_child
+def test_kernels_under_the_interpreter():
+    """Without a GPU: the `triton` tests of this file, interpreted in a child process."""
+    run_interpreted(__file__, "triton")
+
+
+@needs_triton
 @pytest.mark.parametrize("rank", [8, 5, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernels_match_the_reference(rank, dtype):
@@ -82,10 +87,11 @@ def test_triton_kernels_match_the_reference(rank, dtype):
     from modelplex_multilora.ops import triton_lora
 
     lora_a, lora_b = stacks(4, rank, dtype=dtype)
-    mapping = mapping_for([2, -1, 0, 3, 0], [1, 2, 3, 1, 1], dtype)
+    lora_a, lora_b = lora_a.to(DEVICE), tuple(b.to(DEVICE) for b in lora_b)
+    mapping = mapping_for([2, -1, 0, 3, 0], [1, 2, 3, 1, 1], dtype, DEVICE)
     g = torch.Generator().manual_seed(2)
-    x = torch.randn(8, IN, generator=g).to(dtype)
-    y = torch.randn(8, sum(OUTS), generator=g).to(dtype)
+    x = torch.randn(8, IN, generator=g).to(DEVICE, dtype)
+    y = torch.randn(8, sum(OUTS), generator=g).to(DEVICE, dtype)
     s_ref = reference.lora_shrink(x, lora_a, mapping)
     s_tri = triton_lora.lora_shrink(x, lora_a, mapping)
     tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-1)

@@ -1,10 +1,8 @@
-"""Triton kernels vs their torch references, run on CPU under TRITON_INTERPRET=1."""
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton decorates the kernels
-
+"""Triton kernels vs their torch references: compiled on a GPU, else under TRITON_INTERPRET=1 on CPU
+tensors in a child pytest (tests/helpers/triton_mode.py); the references' own checks run on CPU."""
 import pytest
 import torch
+from helpers.triton_mode import DEVICE, needs_triton, run_interpreted, runs_the_child
 
 pytest.importorskip("triton")
 from modelplex_native_gpu.kernels import reference  # noqa: E402
@@ -14,16 +12,16 @@ BLOCK_SIZE = 16
 NUM_BLOCKS = 12
 
 
-def make_cache(num_kv_heads, head_dim, seed=0, head_major=False):
+def make_cache(num_kv_heads, head_dim, seed=0, head_major=False, device="cpu"):
     """[num_blocks, block_size, Hkv, D]; head_major gives the CPU runner's permuted view of [Hkv, blocks, bs, D]."""
     g = torch.Generator().manual_seed(seed)
     shape = (num_kv_heads, NUM_BLOCKS, BLOCK_SIZE, head_dim) if head_major else \
         (NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim)
-    caches = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    caches = torch.randn(shape, generator=g).to(device), torch.randn(shape, generator=g).to(device)
     return tuple(c.permute(1, 2, 0, 3) for c in caches) if head_major else caches
 
 
-def block_tables_for(context_lens, max_blocks=5):
+def block_tables_for(context_lens, max_blocks=5, device="cpu"):
     """Disjoint, shuffled block ids per sequence; block 0 (null) pads the rest."""
     ids = torch.randperm(NUM_BLOCKS - 1, generator=torch.Generator().manual_seed(1)) + 1
     tables, next_id = [], 0
@@ -31,18 +29,25 @@ def block_tables_for(context_lens, max_blocks=5):
         k = -(-n // BLOCK_SIZE)
         tables.append(ids[next_id:next_id + k].tolist() + [0] * (max_blocks - k))
         next_id += k
-    return torch.tensor(tables, dtype=torch.int32)
+    return torch.tensor(tables, dtype=torch.int32, device=device)
+
+
+@runs_the_child
+def test_kernels_under_the_interpreter():
+    """Without a GPU: the `triton` tests of this file, interpreted in a child process."""
+    run_interpreted(__file__, "triton")
 
 
 LAYOUTS = pytest.mark.parametrize("head_major", [False, True], ids=["token_major", "head_major"])
 
 
+@needs_triton
 @LAYOUTS
 @pytest.mark.parametrize("head_dim", [32, 24])  # 24: not a power of two
-def test_store_kvcache_matches_reference_with_padded_slot(head_dim, head_major):
-    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major)
-    key, value = torch.randn(5, 2, head_dim), torch.randn(5, 2, head_dim)
-    slots = torch.tensor([3, 17, -1, 40, 15], dtype=torch.int64)  # 15 -> 16 crosses a block boundary
+def test_triton_store_kvcache_matches_reference_with_padded_slot(head_dim, head_major):
+    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major, device=DEVICE)
+    key, value = torch.randn(5, 2, head_dim, device=DEVICE), torch.randn(5, 2, head_dim, device=DEVICE)
+    slots = torch.tensor([3, 17, -1, 40, 15], dtype=torch.int64, device=DEVICE)  # 15 -> 16 crosses a block boundary
     want_k, want_v = k_cache.clone(), v_cache.clone()
     reference.store_kvcache(key, value, want_k, want_v, slots)
     tk.store_kvcache(key, value, k_cache, v_cache, slots)
@@ -51,28 +56,30 @@ def test_store_kvcache_matches_reference_with_padded_slot(head_dim, head_major):
     assert torch.equal(want_k.flatten(0, 1)[17], key[1])
 
 
+@needs_triton
 @LAYOUTS
 @pytest.mark.parametrize("head_dim", [32, 24])
-def test_paged_decode_attention_matches_reference(head_dim, head_major):
-    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major)
-    context_lens = torch.tensor([1, 17, 33], dtype=torch.int32)  # 17 and 33 cross block boundaries
-    tables = block_tables_for(context_lens.tolist())
-    query = torch.randn(3, 4, head_dim)  # 4 query heads over 2 KV heads
+def test_triton_paged_decode_attention_matches_reference(head_dim, head_major):
+    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major, device=DEVICE)
+    context_lens = torch.tensor([1, 17, 33], dtype=torch.int32, device=DEVICE)  # 17 and 33 cross block boundaries
+    tables = block_tables_for(context_lens.tolist(), device=DEVICE)
+    query = torch.randn(3, 4, head_dim, device=DEVICE)  # 4 query heads over 2 KV heads
     scale = head_dim ** -0.5
     want = reference.paged_decode_attention(query, k_cache, v_cache, tables, context_lens, scale)
     got = tk.paged_decode_attention(query, k_cache, v_cache, tables, context_lens, scale)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg="decode attention differs")
 
 
+@needs_triton
 @LAYOUTS
 @pytest.mark.parametrize("head_dim", [32, 24])
-def test_prefix_prefill_attention_matches_reference(head_dim, head_major):
-    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major)
-    context_lens = torch.tensor([20, 18, 5], dtype=torch.int32)
+def test_triton_prefix_prefill_attention_matches_reference(head_dim, head_major):
+    k_cache, v_cache = make_cache(2, head_dim, head_major=head_major, device=DEVICE)
+    context_lens = torch.tensor([20, 18, 5], dtype=torch.int32, device=DEVICE)
     q_lens = [20, 3, 5]  # fresh prefill, chunk after a 15-token cached prefix, short prompt
-    cu_seqlens_q = torch.tensor([0, 20, 23, 28], dtype=torch.int32)
-    tables = block_tables_for(context_lens.tolist())
-    query = torch.randn(sum(q_lens), 4, head_dim)
+    cu_seqlens_q = torch.tensor([0, 20, 23, 28], dtype=torch.int32, device=DEVICE)
+    tables = block_tables_for(context_lens.tolist(), device=DEVICE)
+    query = torch.randn(sum(q_lens), 4, head_dim, device=DEVICE)
     scale = head_dim ** -0.5
     want = reference.prefix_prefill_attention(query, k_cache, v_cache, tables, cu_seqlens_q, context_lens, scale)
     got = tk.prefix_prefill_attention(query, k_cache, v_cache, tables, cu_seqlens_q, context_lens, scale)

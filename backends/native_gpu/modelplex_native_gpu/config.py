@@ -14,7 +14,8 @@ class EngineConfig:
     `max_num_batched_tokens` of None means 2048 on CUDA and 256 on CPU, where a step's prefill tokens
     stall every running decode for their compute time (256 fp32 tokens of a 135M model: ~0.3 s).
     `kv_cache_memory_bytes` of None means `gpu_memory_utilization` of free memory on CUDA
-    and `DEFAULT_CPU_KV_BYTES` on CPU.
+    and `DEFAULT_CPU_KV_BYTES` on CPU. On CUDA, decode-only steps replay CUDA graphs captured per
+    padded batch size (engine/cuda_graphs.py) unless `enforce_eager`.
     """
 
     model: str = ""
@@ -26,6 +27,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.8
     enable_prefix_caching: bool = True
+    enforce_eager: bool = False  # CUDA: launch every kernel of every step instead of replaying CUDA graphs
     max_model_len: int | None = None
     num_threads: int | None = None
     adaptive_threads: bool = True  # CPU: fewer threads while other processes keep the cores busy

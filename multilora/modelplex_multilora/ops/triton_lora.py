@@ -1,6 +1,7 @@
 """Triton kernels for CUDA: BGMV-style LoRA shrink and expand, each token reading only its own slot.
 
-Same signatures as ops/reference.py. Tested on CPU under TRITON_INTERPRET=1 (one config, no autotune).
+Same signatures as ops/reference.py. Tested compiled on a GPU and, without one, under TRITON_INTERPRET=1
+on CPU tensors (one config, no autotune).
 """
 from __future__ import annotations
 

@@ -70,7 +70,9 @@ class LLMEngine:
         arch = loaded.config
         progress(f"weights loaded in {time.perf_counter() - started:.1f} s ({arch.num_hidden_layers} layers)")
         self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, arch.max_position_embeddings)
-        self.runner = ModelRunner(ModelRunnerConfig(device, dtype, config.block_size, self.max_model_len), loaded)
+        self.runner = ModelRunner(ModelRunnerConfig(device, dtype, config.block_size, self.max_model_len,
+                                                    cuda_graphs=not config.enforce_eager,
+                                                    max_num_seqs=config.max_num_seqs), loaded)
         self.runner.sampler.generator.manual_seed(config.seed)
         num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
         progress(f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens on {device}")

@@ -16,6 +16,7 @@ from ..layers.linear import Linear, can_pack
 from ..layers.norm import RMSNorm
 from ..loader import LoadedWeights
 from ..models.llama import LlamaForCausalLM
+from .cuda_graphs import CudaGraphRunner
 from .sampler import Sampler, SamplerOutput
 from .scheduler import SchedulerOutput
 
@@ -30,6 +31,8 @@ class ModelRunnerConfig:
     dtype: str
     block_size: int
     max_model_len: int
+    cuda_graphs: bool = False  # decode-only steps replay captured CUDA graphs (CUDA only)
+    max_num_seqs: int = 128  # the largest decode batch a graph is captured for
 
 
 class ModelRunner:
@@ -62,6 +65,10 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.num_blocks = 0
         self.lora = None  # engine.lora.EngineLoRA when LoRA is on; it sets each step's token -> slot mapping
+        self.graphs = None
+        if cfg.cuda_graphs and self.device.type == "cuda":
+            self.graphs = CudaGraphRunner(self.model, cfg.max_num_seqs, -(-cfg.max_model_len // self.block_size),
+                                          self.device)
 
     @property
     def bytes_per_block(self) -> int:
@@ -111,7 +118,12 @@ class ModelRunner:
         input_ids, positions, meta, sample_rows, sample_indices, order = self._prepare(out)
         if self.lora is not None:  # the mapping follows the flattened rows, which _prepare reorders
             self.lora.set_step([out.requests[i] for i in order], [out.num_scheduled_tokens[i] for i in order])
-        hidden = self.model(input_ids, positions, meta)
+        # A graph captured without adapters skips the LoRA ops: steps with an adapter run eagerly.
+        if self.graphs is not None and self.graphs.can_run(len(input_ids), meta) and (
+                self.lora is None or self.lora.model.context.mapping is None):
+            hidden = self.graphs.run(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, meta)
         if not sample_indices:
             return SamplerOutput.empty(len(out.requests))
         logits = self.model.compute_logits(hidden[sample_rows])

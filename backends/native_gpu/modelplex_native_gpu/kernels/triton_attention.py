@@ -2,8 +2,10 @@
 
 Same signatures as kernels/reference.py; caches may be any strided view of
 [num_blocks, block_size, num_kv_heads, head_dim] with a contiguous last dim. Block size must be a power of two >= 16 (tl.dot tiles);
-any head size works (padded to the next power of two and masked).
-Tested on CPU under TRITON_INTERPRET=1, which is why there is no multi-config autotuning.
+any head size works (padded to the next power of two and masked). fp32 inputs are multiplied in
+full fp32 (not tf32), so the fp32 engine stays token-exact against transformers on a GPU.
+Tested compiled on a GPU and, without one, under TRITON_INTERPRET=1 on CPU tensors (hence no
+multi-config autotuning).
 """
 from __future__ import annotations
 
@@ -101,7 +103,8 @@ def paged_decode_attention(query, k_cache, v_cache, block_tables, context_lens, 
 def _prefix_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, context_lens_ptr,
                            out_ptr, scale, q_stride_t, q_stride_h, bt_stride, out_stride_t, out_stride_h,
                            cache_stride_b, cache_stride_t, cache_stride_h, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr):
+                           BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                           EXACT_FP32: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     tile = tl.program_id(2)
@@ -132,7 +135,10 @@ def _prefix_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu
                 + offs_t[:, None] * cache_stride_t + offs_d[None, :])
         kv_mask = (kv_pos < ctx_len)[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + base, mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        if EXACT_FP32:  # fp32 products in full precision: tl.dot rounds fp32 inputs to tf32 by default
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
         allowed = (kv_pos[None, :] <= q_pos[:, None]) & (kv_pos[None, :] < ctx_len)
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -140,7 +146,10 @@ def _prefix_prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         v = tl.load(v_cache_ptr + base, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        if EXACT_FP32:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -162,5 +171,6 @@ def prefix_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q
         query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out, scale,
         query.stride(0), query.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_M=block_m)
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size, BLOCK_M=block_m,
+        EXACT_FP32=query.dtype == torch.float32)
     return out
