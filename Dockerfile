@@ -1,13 +1,16 @@
 # modelplex: a multi-stage, non-root image. `docker build -t modelplex:0.1.0 .`
-# The builder installs the project and its pinned dependencies into a venv; the runtime stage copies
-# only that venv (no compiler, no pip cache) and runs as an unprivileged user.
+# The builder compiles the project into a wheel (the span recorder is C) and installs that wheel with its
+# pinned dependencies into a venv; the runtime stage copies only that venv (no compiler, no pip cache, no
+# sources) and runs as an unprivileged user. tests/deploy/test_image_build.py runs these RUN steps in a
+# clean venv (there is no Docker engine in CI), so keep them plain shell.
 # EXTRAS picks backends: "onnx" (default), or e.g. "onnx,openvino", "all" (torch: a much larger image).
 
+# Both stages must use the same Python: the venv built in one runs in the other.
 FROM python:3.11-slim AS builder
 ARG EXTRAS=onnx
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
+# The slim image has Python's headers but no C compiler; only this stage gets one.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY platform ./platform
@@ -15,7 +18,9 @@ COPY backends ./backends
 COPY ensembles ./ensembles
 COPY multilora ./multilora
 COPY admin ./admin
-RUN pip install ".[${EXTRAS}]"
+RUN pip wheel --no-deps --wheel-dir /wheels .
+# The wheel by its path, never `modelplex[...]` by name: an index could hold another project of that name.
+RUN python -m venv /opt/venv && /opt/venv/bin/pip install "$(ls /wheels/modelplex-*.whl)[${EXTRAS}]"
 
 FROM python:3.11-slim AS runtime
 ARG EXTRAS=onnx

