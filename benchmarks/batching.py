@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 from build_repository import build, ensemble_config  # noqa: E402
-from llm_workloads import cpu_model  # noqa: E402
 from helpers.serverproc import ServerProcess  # noqa: E402
+from llm_workloads import cpu_model  # noqa: E402
 
 SEQUENCE = 16  # tokens per minilm request
 BATCHING = "dynamic_batching { }\n"  # Triton's default: batch what is queued, never wait
@@ -308,7 +308,7 @@ def main() -> None:
             row = ensemble_overhead(server.grpc_url, args.latency_requests)
             runs.append({"kind": "ensemble", "round": n, **row})
             log("round %d ensemble: %s" % (n, {k: round(v, 3) for k, v in row.items()}))
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    meta = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{cpu_model()}, shared, CPU only", "concurrency": args.concurrency,
             "load": (load_before, os.getloadavg()[1]),
             "seconds": args.seconds}

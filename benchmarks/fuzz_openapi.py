@@ -38,7 +38,7 @@ def main() -> None:
         live = httpx.get(f"http://{server.http_url}/v2/health/live", timeout=10).status_code == 200
         exit_code = server.stop()
     took = time.monotonic() - started
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# schemathesis against /openapi.json ({date})", "",
              f"schemathesis {schemathesis.SCHEMATHESIS_VERSION}, "
              f"{operations} operations, up to {args.examples} examples each in positive and negative mode "

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import host_report
 import host_servers
-from host_load import check_http_answer, binary_body, json_body, INFER_PATH
+from host_load import INFER_PATH, binary_body, check_http_answer, json_body
 from host_wrk import run_wrk, write_lua_scripts
 
 HERE = Path(__file__).resolve().parent
@@ -56,7 +56,7 @@ def probe(spec: host_servers.ServerSpec) -> dict[str, str | None]:
         try:
             r = httpx.post(spec.http_url + INFER_PATH, content=body, headers=headers, timeout=10)
             problems[protocol] = check_http_answer(r.status_code, r.headers, r.content)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             problems[protocol] = repr(e)
     try:
         client = grpcclient.InferenceServerClient(spec.grpc_target)
@@ -67,7 +67,7 @@ def probe(spec: host_servers.ServerSpec) -> dict[str, str | None]:
         ok = (res.as_numpy("OUTPUT0") == np.arange(1, 17)).all() and (res.as_numpy("OUTPUT1") == np.arange(-1, 15)).all()
         problems["gRPC"] = None if ok else "bad outputs"
         client.close()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         problems["gRPC"] = repr(e)[:300]
     return problems
 
@@ -150,7 +150,7 @@ def run_all(specs, args, lua, out) -> list[dict]:
             load1 = os.getloadavg()[0]
             try:
                 result = run_cell(spec, running.proc.pid, protocol, client, conc, args, lua)
-            except Exception as e:  # noqa: BLE001 - one broken cell must not end the whole benchmark
+            except Exception as e:
                 result = {"rps": 0.0, "p50_ms": None, "p99_ms": None, "errors": 1, "first_error": repr(e)[:300]}
             record = {"round": round_no, "server": spec.name, "protocol": protocol, "client": client,
                       "conc": conc, "load1_before": load1, "seconds": args.seconds, **result}
@@ -236,7 +236,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
     if args.report_only:
         records = [json.loads(ln) for ln in args.report_only.read_text().splitlines() if ln.startswith("{")]
         meta = json.loads((args.report_only.with_suffix(".meta.json")).read_text())
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
                 "started": started}
         with open(raw, "w") as out:
             records = run_all(specs, args, lua, out)
-        meta["finished"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+        meta["finished"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
         raw.with_suffix(".meta.json").write_text(json.dumps(meta))
         report = render(records, args, versions, started, meta["finished"])
         if not args.quick:

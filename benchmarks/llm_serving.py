@@ -117,7 +117,7 @@ def summarize(results: list[RequestResult], prompts: list[Prompt], wall: float, 
     itls = [x for r in ok for x in r.itls]
     generated = sum(r.num_tokens for r in ok)
     short = sum(1 for r, p in zip(results, prompts) if not r.error and r.num_tokens < p.max_tokens)
-    ms = lambda v, q: 1e3 * W.percentile(v, q)  # noqa: E731
+    ms = lambda v, q: 1e3 * W.percentile(v, q)
     return {"rate": rate, "requests": len(results), "errors": len(results) - len(ok), "short_outputs": short,
             "first_errors": [r.error for r in results if r.error][:3], "wall_s": wall,
             "generated_tokens": generated, "tok_s": generated / wall, "req_s": len(ok) / wall,

@@ -33,9 +33,9 @@ HERE = ROOT / "benchmarks"
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples"), str(HERE)]
 
 from build_repository import build  # noqa: E402
+from helpers.serverproc import ServerProcess  # noqa: E402
 from host_servers import _CLOCK_TICKS, descendants  # noqa: E402
 from host_wrk import run_wrk, write_lua_scripts  # noqa: E402
-from helpers.serverproc import ServerProcess  # noqa: E402
 
 
 class OtlpSink:
@@ -48,7 +48,7 @@ class OtlpSink:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as a real collector
 
-            def do_POST(self):  # noqa: N802 - http.server's naming
+            def do_POST(self):
                 outer.num_bytes += len(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 outer.num_posts += 1
                 self.send_response(200)

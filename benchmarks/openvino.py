@@ -55,6 +55,7 @@ def request_inputs(repo: Path, batch: int) -> dict[str, np.ndarray]:
 def compile_direct(repo: Path):
     """minilm_ov's IR compiled as its config.pbtxt asks (the properties the backend derives from it)."""
     import openvino as ov
+
     from modelplex.models.config import load_config_file, parameters_of
     from modelplex_openvino.properties import compile_properties
 
@@ -84,7 +85,7 @@ def run_direct_pool(compiled, inputs: dict, concurrency: int, warmup: float, sec
             while (now := time.perf_counter()) < end:
                 infer_request = await idle.get()
                 try:
-                    await loop.run_in_executor(executor, lambda: infer_request.infer(feeds, share_inputs=True))
+                    await loop.run_in_executor(executor, lambda r=infer_request: r.infer(feeds, share_inputs=True))
                 finally:
                     idle.put_nowait(infer_request)
                 counts[0] += 1
@@ -133,7 +134,7 @@ def run_grpc(url: str, model: str, inputs: dict, concurrency: int, warmup: float
         while (now := time.perf_counter()) < end:
             try:
                 client.infer(model, tensors, outputs=outputs)
-            except Exception as e:  # noqa: BLE001 - reported, and the cell is marked
+            except Exception as e:
                 errors.append(repr(e))
                 return
             num_finished[i] += 1
@@ -204,7 +205,7 @@ def report(rounds: list[dict[str, dict]], args, num_tokens: int) -> str:
         "`benchmarks/openvino.py --rounds %d --seconds %g --batch %d` on %s, %s (%d CPUs), commit %s; load average "
         "at the end %s. Other tenants share this machine and the scheduler gives each process a changing share "
         "of it, so compare per-round ratios, and CPU time per request (which that share does not move)." % (
-            args.rounds, args.seconds, args.batch, datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            args.rounds, args.seconds, args.batch, datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             platform.processor() or platform.machine(), os.cpu_count(), _commit(),
             " ".join("%.1f" % x for x in os.getloadavg())), "",
         "Each request: %d × %d tokens (`%s`), `embeddings` output only. minilm_ov runs with its example config "

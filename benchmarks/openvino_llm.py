@@ -102,7 +102,7 @@ def run_rounds(args, folder: Path, gguf: Path, log) -> tuple[list[dict], dict]:
                                                    prefix_caching=False), run_openvino),
                "native engine": (native_engine(gguf, args.llm_precision, kv_bytes, args.llm_requests, max_len),
                                  run_native)}
-    for name, (engine, run) in runners.items():  # warm-up: compile, first allocations
+    for _name, (engine, run) in runners.items():  # warm-up: compile, first allocations
         run(engine, items[:2])
     rounds = []
     for i in range(args.llm_rounds):

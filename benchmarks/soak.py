@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 from build_repository import build  # noqa: E402
-from llm_workloads import cpu_model  # noqa: E402
 from helpers.serverproc import ServerProcess  # noqa: E402
+from llm_workloads import cpu_model  # noqa: E402
 
 LLM, CYCLED, ADAPTERS = "smollm2", "simple_cycled", ("soak_a", "soak_b")
 PROMPT = "Write one sentence about the sea."
@@ -435,7 +435,7 @@ def main() -> None:
         for t in threads:
             t.join(150)
         exit_code = server.stop()
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    meta = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "minutes": args.minutes, "machine": f"{cpu_model()}, shared, CPU only",
             "load": (load_before, os.getloadavg()[1]), "warmup_secs": args.warmup_secs, "adapters": adapters,
             "warmup_reloads": ", ".join(f"{t:.0f}" for t in llm_reloads(args)[:args.warmup_llm_reloads]),

@@ -32,10 +32,10 @@ sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "benchmarks")]
 from build_repository import build  # noqa: E402
 from host_load import INFER_PATH, json_body  # noqa: E402
 
-from modelplex.http.app import create_http_app  # noqa: E402
-from modelplex.server.assembly import Server  # noqa: E402
 from modelplex.core.settings import ServerConfig  # noqa: E402
+from modelplex.http.app import create_http_app  # noqa: E402
 from modelplex.observability.tracing import TraceConfig  # noqa: E402
+from modelplex.server.assembly import Server  # noqa: E402
 
 TASKS = 16
 SINK = ("import sys; sys.path.insert(0, sys.argv[1]); from observability import OtlpSink; sink = OtlpSink(); "

@@ -114,7 +114,8 @@ def ensemble_config(name: str, steps, model: str = "simple") -> str:
     step_text = ",\n".join(f'    {{\n      model_name: "{model}"\n      model_version: -1\n'
                             f'{entries("input_map", inputs)}{entries("output_map", outputs)}    }}'
                             for inputs, outputs in steps)
-    io = SIMPLE_CONFIG.format(name=name, dtype="TYPE_INT32").replace('platform: "onnxruntime_onnx"', 'platform: "ensemble"')
+    io = SIMPLE_CONFIG.format(name=name, dtype="TYPE_INT32")
+    io = io.replace('platform: "onnxruntime_onnx"', 'platform: "ensemble"')
     return f"{io}ensemble_scheduling {{\n  step [\n{step_text}\n  ]\n}}\n"
 
 

@@ -1,9 +1,10 @@
 """The flags this plugin adds to `modelplex serve` and the `SecurityConfig` they make."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from modelplex import ServeOption, parse_bool
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Mapping
+from collections.abc import Mapping
 
 from modelplex import ADMIN_GROUPS, API_GROUPS, Denial
 

@@ -6,11 +6,10 @@ from 1 in config order, as error messages name them.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from modelplex import InvalidInput, ModelplexError
-from modelplex import tensor_specs
+from modelplex import InvalidInput, ModelplexError, tensor_specs
 
 
 @dataclass(frozen=True)
@@ -18,7 +17,7 @@ class TensorType:
     datatype: str
     shape: tuple[int, ...]  # with the batch dimension (-1) when the model batches
 
-    def accepts(self, other: "TensorType") -> bool:
+    def accepts(self, other: TensorType) -> bool:
         return (self.datatype == other.datatype and len(self.shape) == len(other.shape)
                 and all(a == b or a == -1 or b == -1 for a, b in zip(self.shape, other.shape)))
 

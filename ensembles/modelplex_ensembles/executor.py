@@ -7,11 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
-from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, ModelInstance,
-                       ModelplexError, RequestedOutput, Unavailable)
-from modelplex import current_span
+from modelplex import (
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    InstanceContext,
+    InternalError,
+    ModelInstance,
+    ModelplexError,
+    RequestedOutput,
+    Unavailable,
+    current_span,
+)
 
 from .dag import Ensemble, EnsembleStep, build
 
@@ -48,7 +57,7 @@ class EnsembleInstance(ModelInstance):
             async for response in self.dataplane.stream(self._step_request(step, request, tensors)):
                 tensors.update(self._step_outputs(step, response))
                 yield InferResponse(self.ensemble.name, "", self._outputs(tensors), parameters=response.parameters)
-        except Exception as e:  # noqa: BLE001 - named after the step, whatever it was
+        except Exception as e:
             raise self._step_error(step, e) from e
 
     def _outputs(self, tensors: dict[str, InferTensor]) -> list[InferTensor]:
@@ -95,7 +104,7 @@ class EnsembleInstance(ModelInstance):
             else:
                 with parent.child(f"step {step.number} {step.model_name}", {"ensemble": self.ensemble.name}):
                     response = await self.dataplane.infer(self._step_request(step, request, tensors))
-        except Exception as e:  # noqa: BLE001 - named after the step, whatever it was
+        except Exception as e:
             raise self._step_error(step, e) from e
         if self.stats is not None:
             self.stats.record_step(f"{step.number}:{step.model_name}", _now() - start)

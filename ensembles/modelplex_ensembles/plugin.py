@@ -22,7 +22,7 @@ def _auto_complete_config(ctx: ModelContext) -> None:
         version = str(step.model_version) if step.model_version >= 0 else ""
         try:
             step_config = ctx.dataplane.model_config(step.model_name, version)
-        except Exception:  # noqa: BLE001 - the load-time DAG check reports it, naming the step
+        except Exception:
             continue
         if step_config.model_transaction_policy.decoupled:
             ctx.config.model_transaction_policy.decoupled = True

@@ -7,8 +7,9 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        self.output_dtypes = [pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(config, name)["data_type"])
-                              for name in ("OUTPUT0", "OUTPUT1")]
+        self.output_dtypes = [
+            pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(config, name)["data_type"])
+            for name in ("OUTPUT0", "OUTPUT1")]
 
     def execute(self, requests):
         responses = []

@@ -13,5 +13,6 @@ class TritonPythonModel:
             mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()[..., None].astype(np.float32)
             pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
             norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("EMBEDDINGS", (pooled / norms).astype(np.float32))]))
+            embeddings = pb_utils.Tensor("EMBEDDINGS", (pooled / norms).astype(np.float32))
+            responses.append(pb_utils.InferenceResponse([embeddings]))
         return responses

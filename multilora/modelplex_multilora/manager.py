@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from modelplex import NotFound
 
 from .layers import LoRAModel

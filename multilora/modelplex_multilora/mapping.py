@@ -19,7 +19,7 @@ class LoRAMapping:
 
     @classmethod
     def build(cls, request_slots: list[int], num_tokens: list[int], dtype: torch.dtype,
-              device: torch.device) -> "LoRAMapping | None":
+              device: torch.device) -> LoRAMapping | None:
         """From each request's slot and scheduled token count; None when no request has an adapter
         (the layers then skip LoRA entirely)."""
         num_slots = max(request_slots, default=-1) + 1

@@ -43,7 +43,7 @@ class BaseModelShape:
 
     @classmethod
     def llama(cls, hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
-              head_dim: int) -> "BaseModelShape":
+              head_dim: int) -> BaseModelShape:
         q, kv = num_heads * head_dim, num_kv_heads * head_dim
         return cls(num_layers, {"q_proj": (hidden_size, q), "k_proj": (hidden_size, kv), "v_proj": (hidden_size, kv),
                                 "o_proj": (q, hidden_size), "gate_proj": (hidden_size, intermediate_size),

@@ -8,25 +8,22 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .core import params  # noqa: E402
-from .core.api_groups import ADMIN_GROUPS, API_GROUPS, grpc_group, http_group  # noqa: E402
-from .core.backend import (BackendSpec, EngineStats, InstanceContext, ModelContext,  # noqa: E402
-                           ModelDependency, ModelInstance)
-from .core.errors import (InternalError, InvalidInput, ModelplexError, NotFound, Unavailable,  # noqa: E402
-                          Unsupported)
-from .core.extensions import (AccessControl, Command, Denial, DeviceReport, GrpcTls, HttpTls,  # noqa: E402
-                              ServeOption, parse_bool)
-from .core.hookspecs import hookimpl  # noqa: E402
-from .core.params import parse_int  # noqa: E402
-from .core.tensors import InferRequest, InferResponse, InferTensor, RequestedOutput  # noqa: E402
-from .llm import tensor_protocol as llm_protocol  # noqa: E402
-from .models import config as model_config  # noqa: E402
-from .models.adapters import LORA_PARAMETER, MODULES_PARAMETER as LORA_MODULES_PARAMETER  # noqa: E402
-from .models.completion import (TensorSignature, check_config, complete_config, config_shape,  # noqa: E402
-                                is_fully_specified)
-from .models.validation import tensor_specs  # noqa: E402
-from .observability.llm_metrics import LLMMetrics  # noqa: E402
-from .observability.trace_spans import current_span  # noqa: E402
+from .core import params
+from .core.api_groups import ADMIN_GROUPS, API_GROUPS, grpc_group, http_group
+from .core.backend import BackendSpec, EngineStats, InstanceContext, ModelContext, ModelDependency, ModelInstance
+from .core.errors import InternalError, InvalidInput, ModelplexError, NotFound, Unavailable, Unsupported
+from .core.extensions import AccessControl, Command, Denial, DeviceReport, GrpcTls, HttpTls, ServeOption, parse_bool
+from .core.hookspecs import hookimpl
+from .core.params import parse_int
+from .core.tensors import InferRequest, InferResponse, InferTensor, RequestedOutput
+from .llm import tensor_protocol as llm_protocol
+from .models import config as model_config
+from .models.adapters import LORA_PARAMETER
+from .models.adapters import MODULES_PARAMETER as LORA_MODULES_PARAMETER
+from .models.completion import TensorSignature, check_config, complete_config, config_shape, is_fully_specified
+from .models.validation import tensor_specs
+from .observability.llm_metrics import LLMMetrics
+from .observability.trace_spans import current_span
 
 __all__ = [
     "__version__",
@@ -41,6 +38,7 @@ __all__ = [
     # LLM backends: the generate tensors, LoRA parameters, the vllm:* metrics, spans
     "llm_protocol", "LORA_PARAMETER", "LORA_MODULES_PARAMETER", "LLMMetrics", "current_span",
     # front-door plugins: serve flags, subcommands, access control, TLS, API groups
-    "ServeOption", "Command", "AccessControl", "Denial", "HttpTls", "GrpcTls", "DeviceReport", "parse_bool", "params", "parse_int",
+    "ServeOption", "Command", "AccessControl", "Denial", "HttpTls", "GrpcTls", "DeviceReport", "parse_bool", "params",
+    "parse_int",
     "API_GROUPS", "ADMIN_GROUPS", "http_group", "grpc_group",
 ]

@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from . import __version__
-from .models.adapters import LORA_PARAMETER, AdapterSource, resolve_folder
-from .models.repository import check_name
-from .core.errors import InvalidInput, NotFound, Unavailable, Unsupported
-from .observability.logs import bind_request
-from .models.manager import ModelManager
 from .core.backend import BackendSpec
+from .core.errors import InvalidInput, NotFound, Unavailable, Unsupported
 from .core.extensions import DeviceReport
 from .core.settings import ServerConfig
 from .core.tensors import InferRequest, InferResponse
+from .models.adapters import LORA_PARAMETER, AdapterSource, resolve_folder
+from .models.manager import ModelManager
+from .models.repository import check_name
+from .observability.logs import bind_request
 from .observability.tracing import Tracing
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ class DataPlane:
         if LORA_PARAMETER in request.parameters:
             mv.adapters.check(request.parameters[LORA_PARAMETER])
         if mv.decoupled:
-            raise InvalidInput(f"model '{mv.name}' is decoupled: use a streaming API (ModelStreamInfer, generate_stream)")
+            raise InvalidInput(f"model '{mv.name}' is decoupled: use a streaming API "
+                               "(ModelStreamInfer, generate_stream)")
         response = await mv.infer(request)
         if request.outputs:
             wanted = {o.name for o in request.outputs}
@@ -166,7 +168,8 @@ class DataPlane:
                               if self.settings.model_control_mode == "poll" else
                               "explicit model load / unload is not allowed in model control mode 'none'")
 
-    async def load_model(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+    async def load_model(self, name: str, config_json: str | None = None,
+                         files: dict[str, bytes] | None = None) -> None:
         self._check_model_control()
         await self.manager.load(name, config_json, files)
 

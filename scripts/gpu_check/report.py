@@ -49,7 +49,7 @@ class Report:
             yield self
             if self.current["status"] == "running":
                 self.current["status"] = "ok"
-        except Exception as exc:  # noqa: BLE001 - one section's failure must not stop the others
+        except Exception as exc:
             self.current["status"] = "error"
             self.current["error"] = f"{type(exc).__name__}: {exc}"
             self.note("ERROR " + "".join(traceback.format_exception(exc)[-6:]).rstrip())
@@ -64,7 +64,7 @@ class Report:
 
     def _write(self) -> None:
         md = [f"# {self.title}", "", *self.header, ""]
-        for name, s in self.sections.items():
+        for _name, s in self.sections.items():
             md += [f"## {s['title']} — {s['status']}" + (f" ({s['seconds']} s)" if s["seconds"] is not None else ""),
                    "", *(f"    {line}" if "\n" in line else f"- {line}" for line in s["lines"]), ""]
         self.md_path.write_text("\n".join(md))

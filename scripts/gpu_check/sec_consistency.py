@@ -3,7 +3,6 @@ and preempted runs give the same greedy tokens as running each prompt alone."""
 from __future__ import annotations
 
 import torch
-
 from random_models import Shape, loaded_weights, make_engine, make_hf_model, random_prompts
 
 MAX_MODEL_LEN = 128

@@ -3,7 +3,6 @@ constant) of every generated position within a stated tolerance; greedy tokens i
 from __future__ import annotations
 
 import torch
-
 from random_models import Shape, loaded_weights, make_engine, make_hf_model, random_prompts
 
 # Tolerances on |engine log-prob - transformers log-prob| over the top-5 tokens of every position.

@@ -103,7 +103,7 @@ def wait_ready(client, server: subprocess.Popen, log_path: Path) -> None:
         try:
             if client.get("/v2/models/llm/ready").status_code == 200:
                 return
-        except Exception:  # noqa: BLE001 - not listening yet
+        except Exception:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"not ready after {READY_TIMEOUT_S} s: {log_path.read_text()[-1500:]}")

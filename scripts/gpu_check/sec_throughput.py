@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from random_models import LLAMA_3_2_1B, Shape, loaded_weights, make_engine, make_hf_model, random_prompts
 
 
@@ -76,7 +75,7 @@ def run(check, report) -> None:
     free_memory(check.device)
     try:
         peft_rate(check, report, hf, adapters, prompts, names, sizes)
-    except Exception as exc:  # noqa: BLE001 - PEFT's own API or version: the engine's figures stand
+    except Exception as exc:
         report.note(f"transformers + PEFT mixed-adapter batch failed: {type(exc).__name__}: {exc}")
 
 

@@ -30,7 +30,7 @@ class Browser:
         self.profile = Path(tempfile.mkdtemp(prefix="modelplex-chromium-"))
         self._ids = itertools.count(1)
 
-    async def __aenter__(self) -> "Browser":
+    async def __aenter__(self) -> Browser:
         self.proc = subprocess.Popen([self.executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         port_file = self.profile / "DevToolsActivePort"

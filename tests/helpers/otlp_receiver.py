@@ -14,7 +14,7 @@ def receiver():
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_POST(self):  # noqa: N802 - http.server's naming
+        def do_POST(self):
             request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
             posts.append([s.name for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans])
             self.send_response(200)

@@ -22,7 +22,7 @@ class ServerProcess:
         self._dir = Path(tempfile.mkdtemp(prefix="modelplex-test-"))
         self.log_path = self._dir / "server.log"
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         port_file = self._dir / "ports.json"
         cmd = [sys.executable, "-m", "modelplex", "serve", "--host", "127.0.0.1", "--http-port", "0",
                "--grpc-port", "0", "--metrics-port", "0", "--port-file", str(port_file)]
@@ -68,7 +68,7 @@ class ServerProcess:
         finally:
             self._log.close()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

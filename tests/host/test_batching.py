@@ -117,7 +117,7 @@ def run_in_background(fn):
     def target():
         try:
             result["value"] = fn()
-        except Exception as e:  # noqa: BLE001 - handed to the test
+        except Exception as e:
             result["error"] = e
 
     thread = threading.Thread(target=target)

@@ -5,8 +5,8 @@ import torch
 from helpers.triton_mode import DEVICE, needs_triton, run_interpreted, runs_the_child
 
 pytest.importorskip("triton")
-from modelplex_native_gpu.kernels import reference  # noqa: E402
-from modelplex_native_gpu.kernels import triton_attention as tk  # noqa: E402
+from modelplex_native_gpu.kernels import reference
+from modelplex_native_gpu.kernels import triton_attention as tk
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 12

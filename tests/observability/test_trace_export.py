@@ -25,7 +25,7 @@ class Collector:
         outer, self.spans, self.resources = self, [], []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
+            def do_POST(self):
                 message = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["Content-Length"])))
                 for resource_spans in message.resource_spans:
                     outer.resources.append({a.key: a.value.string_value for a in resource_spans.resource.attributes})

@@ -107,9 +107,9 @@ def test_grpc_model_control_needs_the_admin_token(secured):
              "unload": lambda h: client.unload_model("no_such_model", headers=h),
              "log settings": lambda h: client.get_log_settings(headers=h)}
     for name, call in calls.items():
-        assert grpc_status(lambda: call(NO_AUTH)) == "StatusCode.UNAUTHENTICATED", name
-        assert grpc_status(lambda: call(WRONG)) == "StatusCode.PERMISSION_DENIED", name
-        assert grpc_status(lambda: call(AS_CLIENT)) == "StatusCode.PERMISSION_DENIED", name
+        assert grpc_status(lambda c=call: c(NO_AUTH)) == "StatusCode.UNAUTHENTICATED", name
+        assert grpc_status(lambda c=call: c(WRONG)) == "StatusCode.PERMISSION_DENIED", name
+        assert grpc_status(lambda c=call: c(AS_CLIENT)) == "StatusCode.PERMISSION_DENIED", name
     assert grpc_status(lambda: calls["index"](AS_ADMIN)) == "OK"
     assert grpc_status(lambda: calls["load"](AS_ADMIN)) == "OK"
 

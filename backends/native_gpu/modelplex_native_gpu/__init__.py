@@ -1,1 +1,2 @@
-"""modelplex_native_gpu: a paged-attention LLM engine (Llama family) with Triton kernels for CUDA and a torch path for CPU."""
+"""modelplex_native_gpu: a paged-attention LLM engine (Llama family) with Triton kernels for CUDA and a torch
+path for CPU."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from modelplex import InferRequest, InferResponse, InvalidInput
-from modelplex import llm_protocol
+from modelplex import InferRequest, InferResponse, InvalidInput, llm_protocol
 
 from .engine.outputs import RequestOutput
 from .engine.sampling_params import SamplingParams
@@ -46,7 +45,7 @@ def render_chat(tokenizer, messages: list[dict]) -> str:
         raise InvalidInput("messages: this model has no chat template; send text_input", param="messages")
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    except Exception as exc:  # noqa: BLE001 - a template may raise anything (jinja raise_exception)
+    except Exception as exc:
         raise InvalidInput(f"messages: the chat template refused them: {exc}", param="messages") from None
 
 

@@ -12,12 +12,23 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 
-from modelplex import (LORA_MODULES_PARAMETER, LORA_PARAMETER, InferRequest, InferResponse, InstanceContext,
-                       InvalidInput, ModelContext, ModelInstance, NotFound, Unavailable, Unsupported)
-from modelplex import LLMMetrics
-from modelplex import llm_protocol
-from modelplex import EngineStats
-from modelplex import params
+from modelplex import (
+    LORA_MODULES_PARAMETER,
+    LORA_PARAMETER,
+    EngineStats,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+    InvalidInput,
+    LLMMetrics,
+    ModelContext,
+    ModelInstance,
+    NotFound,
+    Unavailable,
+    Unsupported,
+    llm_protocol,
+    params,
+)
 
 from .config import EngineConfig
 from .engine.outputs import RequestOutput

@@ -2,8 +2,7 @@
 ONNX model, by Triton's rules (`modelplex.models.completion`); a partial config is completed, never replaced."""
 from __future__ import annotations
 
-from modelplex import InvalidInput, ModelContext
-from modelplex import complete_config, is_fully_specified
+from modelplex import InvalidInput, ModelContext, complete_config, is_fully_specified
 
 from .signature import MODEL_FORMAT, read_signature
 

@@ -7,14 +7,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
-                       ModelInstance, ModelplexError)
-from modelplex import check_config
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+from modelplex import (
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    InstanceContext,
+    InternalError,
+    InvalidInput,
+    ModelInstance,
+    ModelplexError,
+    check_config,
+)
 
 from .session import create_session
 from .signature import MODEL_FORMAT, session_signature
-
 
 # Handing a run to the instance thread and back costs ~40-130 us here (two thread wake-ups), ten
 # times what a tiny model's run takes; runs that short are cheaper done on the event loop itself.

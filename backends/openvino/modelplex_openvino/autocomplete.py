@@ -1,8 +1,7 @@
 """Fills what config.pbtxt leaves out from the OpenVINO model, by Triton's rules (`modelplex.models.completion`)."""
 from __future__ import annotations
 
-from modelplex import ModelContext
-from modelplex import complete_config, is_fully_specified
+from modelplex import ModelContext, complete_config, is_fully_specified
 
 from .devices import shared_core
 from .signature import MODEL_FORMAT, model_signature, read_model

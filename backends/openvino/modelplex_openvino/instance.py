@@ -11,9 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
-                       ModelInstance, ModelplexError)
-from modelplex import check_config
+
+from modelplex import (
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    InstanceContext,
+    InternalError,
+    InvalidInput,
+    ModelInstance,
+    ModelplexError,
+    check_config,
+)
 
 from .devices import configured_device, select_device, shared_core
 from .properties import check_precision, compile_properties, is_yes
@@ -59,7 +68,8 @@ def compile_model(ictx: InstanceContext):
     try:
         return device, core.compile_model(model, device, properties), inputs, outputs
     except RuntimeError as e:
-        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot compile it for {device}: {openvino_reason(e)}") from None
+        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot compile it for {device}: "
+                           f"{openvino_reason(e)}") from None
 
 
 class OpenVINOInstance(ModelInstance):
@@ -88,7 +98,8 @@ class OpenVINOInstance(ModelInstance):
         self._executor = ThreadPoolExecutor(self.num_requests, thread_name_prefix=f"openvino-{ictx.name}")
         log.info("model %s instance %s: on %s, %d infer requests, %s streams, precision %s%s", self.model_name,
                  ictx.name, self.device, self.num_requests, self._property("NUM_STREAMS"),
-                 self._property("INFERENCE_PRECISION_HINT"), ", loaded from the cache" if self.loaded_from_cache else "")
+                 self._property("INFERENCE_PRECISION_HINT"),
+                 ", loaded from the cache" if self.loaded_from_cache else "")
 
     def _property(self, key: str) -> str:
         """A compiled model's property for the log; virtual devices (AUTO) answer only some."""

@@ -16,12 +16,19 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from modelplex import (LORA_MODULES_PARAMETER, InferRequest, InferResponse, InstanceContext, InvalidInput,
-                       ModelInstance, Unavailable)
-from modelplex import LLMMetrics
-from modelplex import llm_protocol
-from modelplex import EngineStats
-from modelplex import params
+from modelplex import (
+    LORA_MODULES_PARAMETER,
+    EngineStats,
+    InferRequest,
+    InferResponse,
+    InstanceContext,
+    InvalidInput,
+    LLMMetrics,
+    ModelInstance,
+    Unavailable,
+    llm_protocol,
+    params,
+)
 
 from .devices import configured_device, select_device, shared_core
 from .llm_client import LLMWorkerClient

@@ -241,7 +241,7 @@ def serve(conn: Connection) -> None:
     settings = conn.recv()
     try:
         engine = Engine(settings)
-    except Exception as e:  # noqa: BLE001 - any load failure is reported to the server, which names it
+    except Exception as e:
         conn.send(("failed", str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)))
         return
     conn.send(("ready", {"eos_token_id": engine.eos_token_id}))

@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from modelplex import BackendSpec, InstanceContext, ModelContext, ModelInstance, hookimpl
-from modelplex import Command, DeviceReport
+from modelplex import BackendSpec, Command, DeviceReport, InstanceContext, ModelContext, ModelInstance, hookimpl
 
 
 def _create_instance(ictx: InstanceContext) -> ModelInstance:
@@ -71,7 +70,8 @@ def modelplex_backends():
 
     # No platform string: Triton has none for OpenVINO, only the backend name. An LLM instance says
     # how many requests it takes (its own max_concurrency).
-    return [BackendSpec(name="openvino", default_model_filename=DEFAULT_MODEL_FILENAME, create_instance=_create_instance,
+    return [BackendSpec(name="openvino", default_model_filename=DEFAULT_MODEL_FILENAME,
+                        create_instance=_create_instance,
                         auto_complete_config=_auto_complete_config, max_concurrency_per_instance=MAX_CONCURRENCY,
                         merges_batches=True, calls_models=False)]
 

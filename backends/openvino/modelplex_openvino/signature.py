@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modelplex import InvalidInput, ModelContext
-from modelplex import TensorSignature
+from modelplex import InvalidInput, ModelContext, TensorSignature
 
 MODEL_FORMAT = "OpenVINO"  # how messages name the model file's format
 # OpenVINO element type names -> Triton datatypes. Types left out (bf16, u4, f8...) have no numpy
@@ -52,7 +51,8 @@ def read_model(core, ctx: ModelContext):
     try:
         return core.read_model(str(model_file))
     except RuntimeError as e:
-        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot read {model_file.name}: {openvino_reason(e)}") from None
+        raise InvalidInput(f"model '{ctx.name}': OpenVINO cannot read {model_file.name}: "
+                           f"{openvino_reason(e)}") from None
 
 
 def openvino_reason(error: Exception) -> str:

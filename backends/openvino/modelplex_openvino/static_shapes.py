@@ -5,8 +5,7 @@ For a static device the batch dimension becomes `max_batch_size`; the instance p
 """
 from __future__ import annotations
 
-from modelplex import InvalidInput
-from modelplex import config_shape
+from modelplex import InvalidInput, config_shape
 
 from .devices import split_device
 from .signature import openvino_reason

@@ -11,15 +11,26 @@ import contextvars
 import itertools
 import logging
 import subprocess
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
-from modelplex import (InferRequest, InferResponse, InferTensor, InstanceContext, InternalError, InvalidInput,
-                       ModelInstance, ModelplexError, NotFound, Unavailable, Unsupported)
+from modelplex import (
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    InstanceContext,
+    InternalError,
+    InvalidInput,
+    ModelInstance,
+    ModelplexError,
+    NotFound,
+    Unavailable,
+    Unsupported,
+)
 
-from .server_calls import serve_bls, serve_control
 from .config import worker_init
 from .process import WorkerProcess
 from .protocol import decode_tensor, encode_tensor
+from .server_calls import serve_bls, serve_control
 
 log = logging.getLogger(__name__)
 DEFAULT_EXECUTE_TIMEOUT_SECS = 300.0
@@ -67,7 +78,7 @@ class PythonInstance(ModelInstance):
         self._send_execute(call_id, requests)
         try:
             header, buffers = await asyncio.wait_for(future, self.execute_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise self._hung() from None
         finally:
             self._calls.pop(call_id, None)
@@ -92,7 +103,7 @@ class PythonInstance(ModelInstance):
             while True:
                 try:
                     item = await asyncio.wait_for(replies.get(), self.execute_timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if not executed:
                         raise self._hung() from None
                     raise InternalError(f"model '{self.model_name}' sent no response (and no final flag) "

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .protocol import Channel, ChannelClosed, frame
 
@@ -71,7 +71,7 @@ class WorkerProcess:
         threading.Thread(target=self._write, name=f"python-{title}-writer", daemon=True).start()
 
     @classmethod
-    def launch(cls, title: str, init: dict, timeout: float, on_message, on_exit) -> "WorkerProcess":
+    def launch(cls, title: str, init: dict, timeout: float, on_message, on_exit) -> WorkerProcess:
         """Start a worker and wait (blocking) until model.py initialised; raises RuntimeError with the cause."""
         proc, channel = start_worker(title)
         try:
@@ -79,7 +79,7 @@ class WorkerProcess:
             channel.send(init)
             header, _ = channel.receive()
             channel.sock.settimeout(None)
-        except socket.timeout:
+        except TimeoutError:
             kill_and_close(proc, channel)
             raise RuntimeError(f"python worker for {title} did not initialize within {timeout:g} s") from None
         except (ChannelClosed, OSError):

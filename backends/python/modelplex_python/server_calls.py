@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import logging
 
-from modelplex import InferRequest, InferResponse, InferTensor, ModelplexError, RequestedOutput
-from modelplex import InvalidInput, NotFound, Unavailable, Unsupported
+from modelplex import (
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    InvalidInput,
+    ModelplexError,
+    NotFound,
+    RequestedOutput,
+    Unavailable,
+    Unsupported,
+)
 
 from .protocol import decode_tensor, encode_tensor
 
@@ -47,7 +56,7 @@ async def serve_bls(dataplane, worker, header: dict, buffers: list) -> None:
             out = []
             worker.send({"op": "bls_response", "id": call_id, "final": True, "response": _response(response, out)},
                         out)
-    except Exception as e:  # noqa: BLE001 - every failure goes back to the calling model
+    except Exception as e:
         if not isinstance(e, ModelplexError):
             log.exception("BLS call from a python model failed")
         code = next((c for cls, c in CODES.items() if isinstance(e, cls)), INTERNAL)
@@ -70,6 +79,6 @@ async def serve_control(dataplane, worker, header: dict, buffers: list) -> None:
             await dataplane.unload_model(arguments["model_name"], arguments["unload_dependents"])
         else:
             reply["result"] = dataplane.model_ready(arguments["model_name"], arguments["model_version"])
-    except Exception as e:  # noqa: BLE001 - every failure goes back to the calling model
+    except Exception as e:
         reply["error"] = e.message if isinstance(e, ModelplexError) else f"{type(e).__name__}: {e}"
     worker.send(reply)

@@ -173,7 +173,7 @@ class Worker:
         self.channel.send({"op": "error", "id": call_id, "message": describe(error)})
 
     def _request(self, call_id: int, index: int, desc: dict, buffers: list,
-                 sent: "_SentResponses | None") -> pb_utils.InferenceRequest:
+                 sent: _SentResponses | None) -> pb_utils.InferenceRequest:
         inputs = [pb_utils.Tensor(t["name"], decode_tensor(t, buffers)) for t in desc["inputs"]]
         request = pb_utils.InferenceRequest(request_id=desc["id"], inputs=inputs,
                                             requested_output_names=desc["outputs"],
@@ -200,7 +200,7 @@ class Worker:
         try:
             if hasattr(self.model, "finalize"):
                 self.model.finalize()
-        except Exception:  # noqa: BLE001 - the process ends either way; the log says why
+        except Exception:
             traceback.print_exc()
         self.channel.send({"op": "finalized"})
 

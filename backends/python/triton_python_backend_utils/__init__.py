@@ -9,11 +9,24 @@ import numpy as np
 
 from modelplex_python.protocol import deserialize_bytes, serialize_bytes
 
-from ._config import (TRITON_STRING_TO_NUMPY, ModelConfig, get_input_config_by_name,  # noqa: F401
-                      get_output_config_by_name, numpy_to_triton_type, triton_string_to_numpy,
-                      triton_to_numpy_type, using_decoupled_model_transaction_policy)
-from ._request import (TRITONSERVER_RESPONSE_COMPLETE_FINAL, InferenceRequest,  # noqa: F401
-                       InferenceResponseSender, is_model_ready, load_model, unload_model)
+from ._config import (  # noqa: F401
+    TRITON_STRING_TO_NUMPY,
+    ModelConfig,
+    get_input_config_by_name,
+    get_output_config_by_name,
+    numpy_to_triton_type,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+    using_decoupled_model_transaction_policy,
+)
+from ._request import (  # noqa: F401
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    InferenceRequest,
+    InferenceResponseSender,
+    is_model_ready,
+    load_model,
+    unload_model,
+)
 from ._types import InferenceResponse, Logger, Tensor, TritonError, TritonModelException  # noqa: F401
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ._types import InferenceResponse, Tensor, TritonModelException
 
@@ -14,7 +14,7 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 class _Runtime:
     """Where BLS calls go: the worker process installs itself here when it starts."""
 
-    bls: Callable[["InferenceRequest", bool], object] | None = None
+    bls: Callable[[InferenceRequest, bool], object] | None = None
     control: Callable[[str, dict, dict | None], object] | None = None
 
 

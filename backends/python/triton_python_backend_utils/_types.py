@@ -81,7 +81,7 @@ class Tensor:
         return self._array.__dlpack_device__()
 
     @staticmethod
-    def from_dlpack(name: str, tensor) -> "Tensor":
+    def from_dlpack(name: str, tensor) -> Tensor:
         """From any object with `__dlpack__` (a torch tensor, another pb_utils.Tensor)."""
         return Tensor(name, np.from_dlpack(tensor))
 

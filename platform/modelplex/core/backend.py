@@ -7,9 +7,10 @@ repository, model states, queues, batching and metrics; a backend only turns a l
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import ModelplexError, Unsupported
 from .tensors import InferRequest, InferResponse
@@ -128,7 +129,7 @@ class ModelInstance(ABC):
         Called from any thread (HTTP routes, metric scrapes); must not block on a running step."""
         return None
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional: most instances hold nothing to release
         """Release sessions, threads, device memory. Called once, after the last request."""
 
     # ---- LoRA adapters (optional; see modelplex/adapters.py for the host's side) ---------------

@@ -5,9 +5,10 @@ a web or RPC framework for these."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 from . import params
 from .errors import InvalidInput

@@ -30,7 +30,7 @@ def create_plugin_manager(allow: set[str] | None = None, extra: list[object] = (
             continue
         try:
             pm.register(ep.load(), name=ep.name)
-        except Exception as e:  # noqa: BLE001 - any import error of a third-party plugin
+        except Exception as e:
             log.warning("plugin %s (%s) failed to load and is skipped: %s", ep.name, ep.value, e,
                         exc_info=log.isEnabledFor(logging.DEBUG))
     for plugin in extra:

@@ -118,7 +118,7 @@ class InferTensor:
     parameters: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_numpy(cls, name: str, array: np.ndarray, **parameters: Any) -> "InferTensor":
+    def from_numpy(cls, name: str, array: np.ndarray, **parameters: Any) -> InferTensor:
         if array.dtype.kind in "SU":
             array = np.array([x.encode() if isinstance(x, str) else bytes(x) for x in array.flat],
                              dtype=np.object_).reshape(array.shape)

@@ -34,7 +34,7 @@ class TraceConfig:
     bsp_max_export_batch_size: int = 512
 
     @classmethod
-    def parse(cls, items: list[str]) -> "TraceConfig":
+    def parse(cls, items: list[str]) -> TraceConfig:
         config = cls()
         for item in items:
             section, _, setting = item.rpartition(",")

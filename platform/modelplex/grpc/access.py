@@ -2,7 +2,7 @@
 method, streams included, and the TLS record (`GrpcTls`) as server credentials."""
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 

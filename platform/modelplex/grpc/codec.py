@@ -12,8 +12,17 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from ..core.errors import InvalidInput, Unsupported
-from ..core.tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
-                       BYTES_LENGTH, DEFAULT_LIMITS, TensorLimits, split_bytes_elements)
+from ..core.tensors import (
+    BYTES_LENGTH,
+    DEFAULT_LIMITS,
+    TRITON_TO_NUMPY,
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    RequestedOutput,
+    TensorLimits,
+    split_bytes_elements,
+)
 
 # The wire is little-endian; on a little-endian host these equal the native dtypes (no byte swapping).
 WIRE_DTYPES = {name: np.dtype(t).newbyteorder("<") for name, t in TRITON_TO_NUMPY.items() if name != "BYTES"}

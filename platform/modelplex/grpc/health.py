@@ -10,8 +10,8 @@ import asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2
 
-from ..dataplane import DataPlane
 from ..core.errors import NotFound
+from ..dataplane import DataPlane
 from .status import guarded
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

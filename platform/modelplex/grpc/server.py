@@ -5,8 +5,8 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 
-from ..dataplane import DataPlane
 from ..core.settings import ServerConfig
+from ..dataplane import DataPlane
 from .health import HealthServicer
 from .servicer import InferenceServicer
 

@@ -7,8 +7,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..dataplane import DataPlane
 from ..core.errors import InvalidInput, NotFound
+from ..dataplane import DataPlane
 from ..observability.logs import LOG_SETTINGS
 from ..observability.trace_spans import share
 from .codec import decode_request, encode_response
@@ -59,13 +59,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         tracing = self.dataplane.tracing
         if tracing.enabled and tracing.sample(request.model_name):
             return await self._traced_infer(request, context)
-        return encode_response(await self.dataplane.infer(decode_request(request, self.dataplane.settings.tensor_limits)))
+        limits = self.dataplane.settings.tensor_limits
+        return encode_response(await self.dataplane.infer(decode_request(request, limits)))
 
     async def _traced_infer(self, request, context):
         attributes = self._server_span_attributes("ModelInfer", request.model_name)
         with self.dataplane.tracing.request_span(_SPAN_NAMES["ModelInfer"], attributes,
                                                  context.invocation_metadata() or ()):
-            return encode_response(await self.dataplane.infer(decode_request(request, self.dataplane.settings.tensor_limits)))
+            limits = self.dataplane.settings.tensor_limits
+            return encode_response(await self.dataplane.infer(decode_request(request, limits)))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests are served concurrently; responses go out as they come, errors as `error_message`."""
@@ -129,7 +131,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if decoupled and request.parameters.get(ENABLE_EMPTY_FINAL):
                 empty = pb.ModelInferResponse(model_name=request.model_name, model_version=version, id=request.id)
                 outbox.put_nowait(stream_response(empty, is_final=True))
-        except Exception as e:  # noqa: BLE001 - one failed request must not end the stream
+        except Exception as e:
             outbox.put_nowait(pb.ModelStreamInferResponse(error_message=error_message(e)))
 
     # ---- statistics and repository ------------------------------------------------------

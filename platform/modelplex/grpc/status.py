@@ -48,7 +48,7 @@ def guarded(method):
             return await method(self, request, context)
         except ModelplexError as e:
             await context.abort(status_code(e), e.message, pushback(e))
-        except Exception as e:  # noqa: BLE001 - every failure must reach the client as a status
+        except Exception as e:
             await context.abort(grpc.StatusCode.INTERNAL, error_message(e))
 
     return call

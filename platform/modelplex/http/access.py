@@ -2,7 +2,7 @@
 route, the fast infer path included, that refuses before any route runs or any body is read."""
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import orjson
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..dataplane import DataPlane
 from ..core.errors import InvalidInput
+from ..dataplane import DataPlane
 from .routes import json_response, parameters_of, read_json_object
 
 

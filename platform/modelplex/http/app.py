@@ -4,16 +4,16 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 
-from ..dataplane import DataPlane
 from ..core.settings import ServerConfig
+from ..dataplane import DataPlane
 from .adapter_routes import create_adapter_router
 from .errors import install_error_handlers
 from .generate import create_generate_router
 from .infer import INFER_PATH, InferEndpoint
-from .tracing import traced, traced_route_model
 from .observability import create_observability_router
 from .openapi import openapi_document
 from .routes import create_router
+from .tracing import traced, traced_route_model
 
 
 class FrontDoor:

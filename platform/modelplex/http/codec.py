@@ -12,8 +12,17 @@ import numpy as np
 import orjson
 
 from ..core.errors import InternalError, InvalidInput
-from ..core.tensors import (TRITON_TO_NUMPY, InferRequest, InferResponse, InferTensor, RequestedOutput,
-                       BYTES_LENGTH, DEFAULT_LIMITS, TensorLimits, split_bytes_elements)
+from ..core.tensors import (
+    BYTES_LENGTH,
+    DEFAULT_LIMITS,
+    TRITON_TO_NUMPY,
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    RequestedOutput,
+    TensorLimits,
+    split_bytes_elements,
+)
 
 # Little-endian dtypes as the wire carries them (BYTES has its own length-prefixed format).
 _WIRE_DTYPES = {k: np.dtype(v).newbyteorder("<") for k, v in TRITON_TO_NUMPY.items() if k != "BYTES"}

@@ -15,11 +15,11 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from ..dataplane import DataPlane
 from ..core.errors import InvalidInput, ModelplexError
 from ..core.tensors import InferRequest, InferResponse, InferTensor, TensorLimits, numpy_dtype
-from .routes import json_response, read_json_object
+from ..dataplane import DataPlane
 from .body import ClientGone
+from .routes import json_response, read_json_object
 from .sse import CLIENT_CLOSED, first_and_rest, relay, sse_event, sse_response, until_disconnected
 
 

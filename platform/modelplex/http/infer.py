@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import re
 
-from ..dataplane import DataPlane
 from ..core.errors import ModelplexError
 from ..core.settings import ServerConfig
+from ..dataplane import DataPlane
 from ..observability.trace_spans import STATUS_ERROR, STATUS_UNSET, share
 from ..observability.tracing import Tracing
 from .body import ClientGone, compress, parse_length, read_body, response_encoding
@@ -49,7 +49,7 @@ class InferEndpoint:
             seconds = retry_after(e)
             if seconds is not None:
                 response_headers.append((b"retry-after", seconds.encode()))
-        except Exception as e:  # noqa: BLE001 - one bad request must not take the connection down
+        except Exception as e:
             log.exception("infer on model %s failed", model)
             status, response_headers, payload = 500, list(_JSON_HEADERS), encode_error(f"internal error: {e}")
         await respond(send, status, response_headers, payload)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ..dataplane import DataPlane
 from ..core.errors import NotFound
+from ..dataplane import DataPlane
 from ..observability.logs import LOG_SETTINGS
 from .routes import json_response, read_json_object
 

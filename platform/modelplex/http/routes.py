@@ -12,10 +12,10 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from ..models import config as model_config
-from ..dataplane import DataPlane
 from ..core.errors import InvalidInput, Unsupported
 from ..core.settings import ServerConfig
+from ..dataplane import DataPlane
+from ..models import config as model_config
 from .body import read_body
 from .errors import JSON, error_response
 

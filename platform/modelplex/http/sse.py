@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncGenerator, AsyncIterator, Awaitable, Callable, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import orjson
 from starlette.responses import StreamingResponse
@@ -92,5 +93,5 @@ async def relay(first, stream: AsyncIterator, encode: Callable, on_error: Callab
             async for item in stream:
                 for event in encode(item):
                     yield event
-        except Exception as exc:  # noqa: BLE001 - the status line is gone; tell the client in-band
+        except Exception as exc:
             yield sse_event(on_error(exc))

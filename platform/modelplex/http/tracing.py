@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from ..observability.trace_spans import STATUS_ERROR
 from ..observability.tracing import Tracing

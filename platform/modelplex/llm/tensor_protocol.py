@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..models.adapters import LORA_PARAMETER
 from ..core.errors import InvalidInput
 from ..core.params import parse_bool
 from ..core.tensors import InferRequest, InferResponse, InferTensor
+from ..models.adapters import LORA_PARAMETER
 
 # Sampling fields and their types: what request parameters may carry and how strings become numbers.
 FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",

@@ -120,7 +120,7 @@ class ModelAdapters:
             for instance in done:
                 try:
                     await instance.unload_adapter(source.name)
-                except Exception:  # noqa: BLE001 - the original error is the one to report
+                except Exception:
                     log.exception("model %s: undoing adapter %s failed", self.model, source.name)
             raise
         self.sources[source.name] = source

@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import config as mc
-from .adapters import AdapterSource, static_sources
 from ..core.backend import BackendSpec, ModelContext
 from ..core.errors import InvalidInput, ModelplexError, NotFound, Unavailable
-from .memory import release_freed_memory_soon
-from .version import ModelVersion
-from .repository import ModelLocation, ModelRepository, check_name, confined
 from ..core.settings import ServerConfig
 from ..observability.stats import ModelStats
+from . import config as mc
+from .adapters import AdapterSource, static_sources
+from .memory import release_freed_memory_soon
+from .repository import ModelLocation, ModelRepository, check_name, confined
+from .version import ModelVersion
 
 if TYPE_CHECKING:
     from ..dataplane import DataPlane
@@ -441,7 +441,7 @@ class ModelManager:
             await asyncio.sleep(self.settings.repository_poll_secs)
             try:
                 await self.poll_once()
-            except Exception:  # noqa: BLE001 - polling must survive anything the disk throws at it
+            except Exception:
                 log.exception("repository poll failed")
 
     async def poll_once(self) -> None:

@@ -7,15 +7,15 @@ import enum
 import logging
 import threading
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
-from .adapters import AdapterSource, ModelAdapters, load_sources
 from ..core.backend import BackendSpec, InstanceContext, ModelContext, ModelInstance
-from ..scheduling.batching import DynamicBatcher
 from ..core.errors import InternalError, ModelplexError, Unavailable
-from ..observability.stats import ModelStats
 from ..core.tensors import InferRequest, InferResponse
+from ..observability.stats import ModelStats
 from ..observability.trace_spans import current_span, share
+from ..scheduling.batching import DynamicBatcher
+from .adapters import AdapterSource, ModelAdapters, load_sources
 from .validation import RequestValidator
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class ModelVersion:
         def create() -> None:
             try:
                 result = context.run(self.spec.create_instance, ictx)
-            except BaseException as e:  # noqa: BLE001 - handed to the awaiting load
+            except BaseException as e:
                 self._loop.call_soon_threadsafe(_settle, future, None, e)
             else:
                 self._loop.call_soon_threadsafe(_settle, future, result, None)
@@ -125,7 +125,7 @@ class ModelVersion:
         try:
             return await asyncio.wait_for(asyncio.shield(future), None if deadline is None
                                           else max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             future.add_done_callback(_close_late_instance)
             raise Unavailable(f"model '{self.name}' version {self.version} did not finish loading within "
                               f"{timeout:g} s (--model-load-timeout-secs)") from None
@@ -321,7 +321,7 @@ class ModelVersion:
             self._drained.clear()
             try:
                 await asyncio.wait_for(self._drained.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("model %s version %s: %d requests still running after %.0fs; unloading anyway",
                             self.name, self.version, self.inflight, timeout)
         if self.batcher is not None:
@@ -333,7 +333,7 @@ class ModelVersion:
         for instance in self.instances:
             try:
                 await instance.close()
-            except Exception:  # noqa: BLE001 - a failing close must not stop the unload
+            except Exception:
                 log.exception("model %s version %s: close failed", self.name, self.version)
         self.instances.clear()
         self.adapters.sources.clear()

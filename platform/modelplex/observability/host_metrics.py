@@ -72,7 +72,7 @@ class GpuMetrics:
                 uuid = str(cuda.get_device_properties(index).uuid)
                 devices.append((uuid if uuid.startswith("GPU-") else f"GPU-{uuid}", total - free, total))
             return devices
-        except Exception:  # noqa: BLE001 - a driver error must not break the metrics page
+        except Exception:
             log.warning("cannot read GPU memory", exc_info=True)
             return []
 

@@ -5,7 +5,8 @@ An LLM instance keeps an `LLMMetrics` in its attribute `ModelInstance.llm_metric
 plain numbers there (under a lock). `LLMMetricsCollector` merges the instances of a version at scrape
 time and reads the engine gauges from `ModelInstance.engine_stats()` (an `EngineStats`) then: `num_running`,
 `num_waiting`, and either `kv_cache_usage` (0-1) or `num_blocks` / `num_free_blocks`; the prefix-cache
-and preemption counters where the engine counts them (0 otherwise). Series are kept per adapter (`""`: the base model) so
+and preemption counters where the engine counts them (0 otherwise). Series are kept per adapter (`""`: the base
+model) so
 per-adapter series only need a label where `_labels` builds them.
 """
 from __future__ import annotations

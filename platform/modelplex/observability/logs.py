@@ -18,19 +18,19 @@ if TYPE_CHECKING:
     from ..core.tensors import InferRequest
 
 # The request being served; its id is worked out only when a line is written.
-current_request: ContextVar["InferRequest | None"] = ContextVar("modelplex_current_request", default=None)
+current_request: ContextVar[InferRequest | None] = ContextVar("modelplex_current_request", default=None)
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
-def bind_request(request: "InferRequest") -> None:
+def bind_request(request: InferRequest) -> None:
     """Called by the data plane for every request; an ensemble step or a BLS call runs in its
     caller's context and keeps the caller's request (and so its id)."""
     if current_request.get() is None:
         current_request.set(request)
 
 
-def request_id_of(request: "InferRequest | None") -> str:
+def request_id_of(request: InferRequest | None) -> str:
     """The client's id, else one made from the request object's identity (unique while it runs)."""
     if request is None:
         return "-"

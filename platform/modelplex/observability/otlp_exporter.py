@@ -39,8 +39,7 @@ def otlp_headers() -> dict[str, str]:
 def resource_and_scope(attributes: dict[str, str]) -> tuple[bytes, bytes]:
     """Serialized Resource (the SDK's: its telemetry.sdk.* attributes, OTEL_RESOURCE_ATTRIBUTES and
     OTEL_SERVICE_NAME, then `attributes`) and InstrumentationScope, as the SDK's encoder makes them."""
-    from opentelemetry.exporter.otlp.proto.common._internal import (_encode_instrumentation_scope,
-                                                                    _encode_resource)
+    from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_resource
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -64,7 +63,7 @@ class Poster:
         self._last_log = 0.0
 
     def post(self, body: bytes) -> None:
-        for attempt in (1, 2):  # a kept-alive connection the collector closed fails once
+        for _attempt in (1, 2):  # a kept-alive connection the collector closed fails once
             try:
                 if self._connection is None:
                     self._connection = self.connection_class(self.host, self.port, timeout=self.timeout)

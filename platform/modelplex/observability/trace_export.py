@@ -104,7 +104,7 @@ class LoopExport:
     def _send(self, batch: tuple) -> None:
         try:
             self.sink.send(batch)
-        except Exception:  # noqa: BLE001 - export must never fail a request or the loop
+        except Exception:
             self.buffer.num_dropped += batch_size_of(batch)
             log.exception("trace export failed; %d spans dropped", batch_size_of(batch))
 

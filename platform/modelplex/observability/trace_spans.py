@@ -22,7 +22,7 @@ import struct
 import time
 from contextvars import ContextVar
 
-from ._span_recorder import RECORD_SIZE, Recorder, SpanCore, share, shared
+from ._span_recorder import RECORD_SIZE, Recorder, SpanCore, share, shared  # noqa: F401 - re-exported
 
 SPAN_KIND_INTERNAL, SPAN_KIND_SERVER = 1, 2  # OTLP Span.SpanKind
 STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2  # OTLP Status.StatusCode
@@ -122,9 +122,9 @@ class SpanDecoder:
 
     def decode(self, batch: tuple) -> list[tuple]:
         shared_start, new_shared, records, extras_base, extras = batch
-        shared = self.shared
-        del shared[shared_start:]
-        shared += new_shared
+        table = self.shared
+        del table[shared_start:]
+        table += new_shared
         out = []
         for (trace_hi, trace_lo, span_id, parent_id, start, end, m_enqueue, m_start, m_end, m_batch, extra, name,
              attributes, m_name, m_attributes, status, kind, flags) in RECORD.iter_unpack(records):
@@ -135,13 +135,13 @@ class SpanDecoder:
                 (x_name, x_attributes, state, message, events, children, x_m_name,
                  x_m_attributes) = extras[extra - extras_base]
             if flags & FLAG_MODEL:
-                model = (shared[m_name] if m_name >= 0 else x_m_name, m_enqueue, m_end,
-                         shared[m_attributes] if m_attributes >= 0 else x_m_attributes, STATUS_UNSET, "",
+                model = (table[m_name] if m_name >= 0 else x_m_name, m_enqueue, m_end,
+                         table[m_attributes] if m_attributes >= 0 else x_m_attributes, STATUS_UNSET, "",
                          [(None, m_enqueue, m_start, m_end, m_batch)])
                 children = [model, *children] if children else [model]
             out.append((trace_id, span_id, parent_id, bool(flags & FLAG_REMOTE), state or "",
-                        shared[name] if name >= 0 else x_name, kind, start, end,
-                        shared[attributes] if attributes >= 0 else x_attributes, events, status, message or "",
+                        table[name] if name >= 0 else x_name, kind, start, end,
+                        table[attributes] if attributes >= 0 else x_attributes, events, status, message or "",
                         children))
         return out
 

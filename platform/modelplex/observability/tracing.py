@@ -10,12 +10,11 @@ untraced request pays one context-variable read per model. Spans are recorded in
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..core.errors import InvalidInput
 from ..core.params import parse_int
-from ..core.trace_config import LEVELS, TraceConfig, trace_level
+from ..core.trace_config import TraceConfig, trace_level
 from .trace_export import ExporterProcess, LoopExport, SdkExporterSink
 from .trace_spans import Recorder, Span, new_recorder
 

@@ -10,13 +10,13 @@ import numpy as np
 import orjson
 from fastapi import Request
 
-from ..models.adapters import LORA_PARAMETER
-from ..dataplane import DataPlane
 from ..core.errors import ModelplexError
+from ..core.tensors import InferRequest, InferTensor
+from ..dataplane import DataPlane
 from ..http.body import read_body
 from ..http.routes import json_response
 from ..http.sse import first_and_rest, relay, sse_event, sse_response, until_disconnected
-from ..core.tensors import InferRequest, InferTensor
+from ..models.adapters import LORA_PARAMETER
 from .errors import RequestError, describe, with_param
 from .models import require_llm, resolve_model
 from .responses import Completion

@@ -7,8 +7,8 @@ import base64
 import numpy as np
 from fastapi import Request
 
-from ..dataplane import DataPlane
 from ..core.tensors import InferRequest, InferTensor
+from ..dataplane import DataPlane
 from ..http.routes import json_response
 from .completions import read_json
 from .errors import RequestError

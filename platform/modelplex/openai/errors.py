@@ -93,7 +93,7 @@ class OpenAIRoute(APIRoute):
                 return await handler(request)
             except ClientGone:
                 return Response(status_code=CLIENT_CLOSED)
-            except Exception as exc:  # noqa: BLE001 - every error gets the OpenAI shape
+            except Exception as exc:
                 return error_response(exc)
 
         return guarded

@@ -10,8 +10,8 @@ from fastapi import Request
 from pydantic import Field
 from starlette.responses import PlainTextResponse
 
-from ..dataplane import DataPlane
 from ..core.errors import NotFound
+from ..dataplane import DataPlane
 from .completions import read_json
 from .errors import RequestError
 from .models import is_llm, listed_models

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dataplane import DataPlane
 from ..core.errors import NotFound, Unavailable
+from ..dataplane import DataPlane
 from .errors import RequestError
 
 

@@ -5,12 +5,10 @@ import time
 
 from fastapi import APIRouter
 
-from ..dataplane import DataPlane
 from ..core.errors import NotFound
+from ..dataplane import DataPlane
 from ..http.routes import json_response
-from . import completions
-from . import embeddings
-from . import lora
+from . import completions, embeddings, lora
 from .errors import OpenAIRoute
 from .models import listed_adapters, listed_models
 

@@ -13,10 +13,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .batch_merge import merge_requests, split_response
 from ..core.errors import InternalError, InvalidInput, ModelplexError, Unavailable
-from ..observability.stats import ModelStats
 from ..core.tensors import InferRequest
+from ..observability.stats import ModelStats
+from .batch_merge import merge_requests, split_response
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
@@ -34,7 +34,7 @@ class QueuePolicy:
     max_queue_size: int = 0
 
     @classmethod
-    def from_config(cls, policy) -> "QueuePolicy":
+    def from_config(cls, policy) -> QueuePolicy:
         return cls(policy.timeout_action, policy.default_timeout_microseconds * 1000,
                    policy.allow_timeout_override, policy.max_queue_size)
 
@@ -56,7 +56,7 @@ class PendingRequest:
     shape_key: tuple
     enqueue_ns: int
     future: asyncio.Future
-    level: "_Level"
+    level: _Level
     timer: asyncio.TimerHandle | None = None
     queue_ns: int = 0
     infer_ns: int = 0
@@ -202,7 +202,7 @@ class DynamicBatcher:
             instance = await self._idle.get()
             try:
                 batch = await self._next_batch()
-            except Exception as e:  # noqa: BLE001 - a scheduler bug must fail requests, not strand them
+            except Exception as e:
                 log.exception("model %s: dynamic batcher failed", self.model)
                 self._fail_queued(InternalError(f"model '{self.model}': dynamic batcher failed: {e}"))
                 batch = []
@@ -285,7 +285,7 @@ class DynamicBatcher:
                 if len(results) != len(batch):
                     raise InternalError(f"model '{self.model}' returned {len(results)} responses "
                                         f"for {len(batch)} requests")
-        except Exception as e:  # noqa: BLE001 - the whole call failed: every request in it did
+        except Exception as e:
             error = self._as_error(e)
             for pending in batch:
                 self._fail(pending, error)
@@ -319,7 +319,7 @@ class DynamicBatcher:
     async def _execute_alone(self, instance, request: InferRequest):
         try:
             (result,) = await instance.execute([request])
-        except Exception as e:  # noqa: BLE001 - this request's own error
+        except Exception as e:
             return e
         return result
 

@@ -167,7 +167,7 @@ def _load_showing_progress(client: httpx.Client, name: str, body: dict) -> None:
     def load() -> None:
         try:
             outcome["answer"] = _call(client, "POST", f"/v2/repository/models/{name}/load", body)
-        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+        except BaseException as e:
             outcome["error"] = e
 
     worker = threading.Thread(target=load, name="load", daemon=True)
@@ -181,7 +181,8 @@ def _load_showing_progress(client: httpx.Client, name: str, body: dict) -> None:
                 continue  # progress is best effort; the load call decides the outcome
             for row in rows if isinstance(rows, list) else ():
                 step = f"version {row.get('version')}: {row.get('reason')}"
-                if row.get("name") == name and row.get("state") == "LOADING" and row.get("reason") and step not in shown:
+                loading = row.get("name") == name and row.get("state") == "LOADING" and row.get("reason")
+                if loading and step not in shown:
                     shown.add(step)
                     print(f"loading {name} {step}", file=sys.stderr, flush=True)
     if "error" in outcome:

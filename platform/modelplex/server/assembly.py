@@ -15,13 +15,13 @@ from pathlib import Path
 import pluggy
 from prometheus_client import CollectorRegistry
 
-from .admin_address import AdminSplitInterceptor, AdminSplitMiddleware
-from ..dataplane import DataPlane
 from ..core.extensions import HttpTls
-from ..observability.llm_metrics import LLMMetricsCollector
-from ..observability.metrics import CallbackCounter, MetricsServer, register_plugin_collectors
 from ..core.plugins import collect_backends, create_plugin_manager
 from ..core.settings import ServerConfig
+from ..dataplane import DataPlane
+from ..observability.llm_metrics import LLMMetricsCollector
+from ..observability.metrics import CallbackCounter, MetricsServer, register_plugin_collectors
+from .admin_address import AdminSplitInterceptor, AdminSplitMiddleware
 
 log = logging.getLogger(__name__)
 # After the drain, how long unloading (backends' finalize) may take before the process leaves anyway.
@@ -155,7 +155,10 @@ class Server:
         if checks:
             interceptors.insert(0, AccessInterceptor(checks))
         tls = self.pm.hook.modelplex_grpc_tls(settings=s)
-        credentials = server_credentials(tls) if tls is not None else self.pm.hook.modelplex_grpc_credentials(settings=s)
+        if tls is not None:
+            credentials = server_credentials(tls)
+        else:
+            credentials = self.pm.hook.modelplex_grpc_credentials(settings=s)
         listeners = [(s.host, s.grpc_port, "grpc", None)]
         if s.admin_grpc_port is not None:
             listeners = [(s.host, s.grpc_port, "grpc", AdminSplitInterceptor(False)),
@@ -191,10 +194,11 @@ class Server:
             await task
         if self._metrics_httpd is not None:
             self._metrics_httpd.close()
-        self.dataplane.tracing.shutdown()  # the spans still queued, for at most 2 s (on the loop: nothing else runs now)
+        # The spans still queued, for at most 2 s (on the loop: nothing else runs now).
+        self.dataplane.tracing.shutdown()
         try:
             await asyncio.wait_for(self.manager.stop(), max(remaining, UNLOAD_GRACE_SECS))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("models still unloading %.0fs after the drain; exiting anyway", UNLOAD_GRACE_SECS)
             return False
         return True

@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 from .. import __version__
-from .admin_cli import add_admin_commands, run_admin_command
 from ..core.errors import InvalidInput
 from ..core.extensions import Command, parse_bool
-from ..observability.logs import LOG_SETTINGS
 from ..core.plugins import create_plugin_manager
 from ..core.settings import ServerConfig
 from ..core.tensors import TensorLimits
+from ..observability.logs import LOG_SETTINGS
 from ..observability.tracing import TraceConfig
+from .admin_cli import add_admin_commands, run_admin_command
 
 
 def _bool(text: str) -> bool:
@@ -34,7 +34,8 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
     s.add_argument("--model-repository", "--model-store", action="append", required=True, type=Path,
                    help="a Triton model repository folder (repeatable)")
     s.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="none")
-    s.add_argument("--load-model", action="append", default=[], help="model to load at start in explicit mode; '*' for all")
+    s.add_argument("--load-model", action="append", default=[],
+                   help="model to load at start in explicit mode; '*' for all")
     s.add_argument("--repository-poll-secs", type=float, default=15.0)
     s.add_argument("--strict-readiness", type=_bool, default=True)
     s.add_argument("--strict-model-config", type=_bool, default=False)
@@ -52,7 +53,8 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
     s.add_argument("--max-tensor-elements", type=int, default=limits.max_elements,
                    help="most elements one input tensor may have")
     s.add_argument("--max-bytes-elements", type=int, default=limits.max_bytes_elements,
-                   help="most elements one BYTES input tensor may have (each costs ~40 bytes of memory beyond its data)")
+                   help="most elements one BYTES input tensor may have "
+                        "(each costs ~40 bytes of memory beyond its data)")
     s.add_argument("--max-bytes-element-size", type=int, default=limits.max_bytes_element_size,
                    help="longest BYTES element (e.g. a prompt's text) in bytes")
     s.add_argument("--max-stream-secs", type=float, default=3600.0,

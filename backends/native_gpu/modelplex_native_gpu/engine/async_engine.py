@@ -58,7 +58,7 @@ class AsyncLLMEngine:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "AsyncLLMEngine":
+    def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
         return cls(LLMEngine(config))
 
     @property
@@ -70,7 +70,8 @@ class AsyncLLMEngine:
         """Completions not yet running: in the scheduler's queue or still in the inbox."""
         return len(self.engine.scheduler.waiting) + sum(r.params.n for r in list(self._new_requests))
 
-    async def generate(self, request_id: str, prompt: str | list[int], sampling_params: SamplingParams | dict | None = None,
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       sampling_params: SamplingParams | dict | None = None,
                        *, priority: int = 0, cache_salt=None,
                        lora: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yield incremental outputs until every completion of the request has finished."""

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
 from modelplex import NotFound
 
 from ..config import EngineConfig

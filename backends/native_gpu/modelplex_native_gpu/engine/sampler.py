@@ -23,7 +23,7 @@ class SamplerOutput:
     logprobs: list[dict[int, float] | None]
 
     @classmethod
-    def empty(cls, n: int) -> "SamplerOutput":
+    def empty(cls, n: int) -> SamplerOutput:
         return cls([None] * n, [None] * n)
 
 

@@ -70,7 +70,7 @@ class SamplingParams:
         return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
     @classmethod
-    def from_dict(cls, values: dict) -> "SamplingParams":
+    def from_dict(cls, values: dict) -> SamplingParams:
         """Build from untrusted key/values; an unknown key is an error naming it."""
         known = {f.name for f in dataclasses.fields(cls)}
         for key in values:

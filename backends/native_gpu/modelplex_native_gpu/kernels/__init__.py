@@ -1,1 +1,2 @@
-"""Attention kernels: Triton for CUDA; torch references of the same signatures; the CPU path (references + a C++ decode op)."""
+"""Attention kernels: Triton for CUDA; torch references of the same signatures; the CPU path (references + a C++
+decode op)."""

@@ -17,8 +17,8 @@ import threading
 
 import torch
 
-from .reference import plan_decode as _reference_plan
 from .reference import paged_decode_attention as _reference_decode
+from .reference import plan_decode as _reference_plan
 from .reference import prefix_prefill_attention as _reference_prefill
 from .reference import store_kvcache as _reference_store
 
@@ -29,7 +29,8 @@ _BUILD_LOCK = threading.Lock()  # engines loading in parallel threads build (and
 _ops = None
 _built = False
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp")]
+_SOURCES = [os.path.join(_CSRC, name)
+            for name in ("paged_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 
@@ -42,7 +43,8 @@ def _cpu_flags() -> str:
 
 
 def compiled_ops():
-    """torch.ops.modelplex_cpu (attention, K/V store, fused layer ops, linears), or None when they cannot be built here."""
+    """torch.ops.modelplex_cpu (attention, K/V store, fused layer ops, linears), or None when they cannot be
+    built here."""
     global _ops, _built
     if not _built:  # every layer asks: no lock once it is decided
         with _BUILD_LOCK:

@@ -1,7 +1,8 @@
 """Triton kernels for CUDA: KV-cache store, paged decode attention, prefill attention over a cached prefix.
 
 Same signatures as kernels/reference.py; caches may be any strided view of
-[num_blocks, block_size, num_kv_heads, head_dim] with a contiguous last dim. Block size must be a power of two >= 16 (tl.dot tiles);
+[num_blocks, block_size, num_kv_heads, head_dim] with a contiguous last dim. Block size must be a power of two
+>= 16 (tl.dot tiles);
 any head size works (padded to the next power of two and masked). fp32 inputs are multiplied in
 full fp32 (not tf32), so the fp32 engine stays token-exact against transformers on a GPU.
 Tested compiled on a GPU and, without one, under TRITON_INTERPRET=1 on CPU tensors (hence no
@@ -29,7 +30,8 @@ def _store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_map
     mask = (offs_h < NUM_KV_HEADS) & (offs_d < HEAD_DIM)
     k = tl.load(key_ptr + token * key_stride_t + offs_h * key_stride_h + offs_d, mask=mask)
     v = tl.load(value_ptr + token * value_stride_t + offs_h * value_stride_h + offs_d, mask=mask)
-    dst = (slot // BLOCK_SIZE) * cache_stride_b + (slot % BLOCK_SIZE) * cache_stride_t + offs_h * cache_stride_h + offs_d
+    dst = ((slot // BLOCK_SIZE) * cache_stride_b + (slot % BLOCK_SIZE) * cache_stride_t + offs_h * cache_stride_h
+           + offs_d)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 

@@ -20,7 +20,8 @@ class LoadedWeights:
 
 def load_weights(model_path: str) -> LoadedWeights:
     """`model_path` is a .gguf file, a folder holding exactly one .gguf, or an HF folder (config.json)."""
-    from . import gguf as gguf_loader, hf as hf_loader
+    from . import gguf as gguf_loader
+    from . import hf as hf_loader
 
     gguf_file = find_gguf(model_path)
     if gguf_file:

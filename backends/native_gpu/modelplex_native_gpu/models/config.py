@@ -27,7 +27,7 @@ class LlamaArchConfig:
     eos_token_id: int | None = None
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "LlamaArchConfig":
+    def from_hf(cls, cfg: dict) -> LlamaArchConfig:
         arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {SUPPORTED_ARCHITECTURES}")

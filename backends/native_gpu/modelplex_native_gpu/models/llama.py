@@ -25,7 +25,8 @@ def _param(*shape) -> nn.Parameter:
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: LlamaArchConfig, kernels: ModuleType):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size)
@@ -132,7 +133,8 @@ class LlamaForCausalLM(nn.Module):
                     attn.qkv_proj.bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
                 attn.o_proj.weight.copy_(get(p + "self_attn.o_proj.weight"))
                 mlp = layer.mlp
-                mlp.gate_up_proj.weight.copy_(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
+                gate_up = [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]
+                mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
                 mlp.down_proj.weight.copy_(get(p + "mlp.down_proj.weight"))
                 layer.input_layernorm.weight.copy_(get(p + "input_layernorm.weight"))
                 layer.post_attention_layernorm.weight.copy_(get(p + "post_attention_layernorm.weight"))
