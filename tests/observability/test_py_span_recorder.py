@@ -7,15 +7,17 @@ import contextvars
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
 import pytest
 
 from modelplex.observability import py_span_recorder, trace_spans
-from modelplex.observability.trace_spans import RECORD, STATUS_ERROR, STATUS_UNSET, Span
+from modelplex.observability.trace_spans import FLAG_MODEL, RECORD, STATUS_ERROR, STATUS_UNSET, Span
 
 HERE = Path(__file__).resolve().parent
 C_MODULE = "modelplex.observability._span_recorder"
@@ -32,6 +34,15 @@ def test_the_recorder_in_use_is_the_one_asked_for():
     expected = "python" if asked == "python" or not C_BUILT else "c"
     module = C_MODULE if expected == "c" else py_span_recorder.__name__
     assert (trace_spans.SPAN_RECORDER, trace_spans.Recorder.__module__) == (expected, module)
+
+
+def test_the_c_recorder_is_built_where_a_compiler_is():
+    """The extension is optional at install; where a compiler is, it must still build, or a broken C file
+    would go unnoticed (the tests of it skip)."""
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}) here")
+    assert C_BUILT, "the span recorder's C extension did not build: see `pip install -v -e .` for why"
 
 
 @pytest.mark.parametrize("asked, expected", [("python", "python"), ("c", "c"), ("", "c"), ("C", None)])
@@ -98,6 +109,7 @@ def record_scenario(impl) -> tuple:
              status, kind, flags) in RECORD.iter_unpack(data):
             ordinals = [ids.setdefault(x, len(ids)) if x else 0
                         for x in (trace_hi << 64 | trace_lo, span_id, parent_id)]
+            refs = refs if flags & FLAG_MODEL else refs[:2]  # without a model span its references are 0: unused
             objects = [impl.shared[r] if r >= 0 else r for r in refs]
             records.append((*ordinals, m_start - m_enqueue, m_end - m_enqueue, m_batch, extra, *objects, status, kind,
                             flags))
