@@ -14,8 +14,11 @@ from pathlib import Path
 class ServerProcess:
     """`with ServerProcess([repo], "--model-control-mode", "explicit") as s: s.http_url ...`"""
 
-    def __init__(self, repositories: list[Path], *args: str, env: dict | None = None, timeout: float = 120):
+    def __init__(self, repositories: list[Path], *args: str, env: dict | None = None, timeout: float = 120,
+                 command: list | None = None):
+        """`command` runs modelplex (default: this interpreter's, `python -m modelplex`)."""
         self.repositories, self.args, self.timeout = repositories, list(args), timeout
+        self.command = command or [sys.executable, "-m", "modelplex"]
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
@@ -24,7 +27,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         port_file = self._dir / "ports.json"
-        cmd = [sys.executable, "-m", "modelplex", "serve", "--host", "127.0.0.1", "--http-port", "0",
+        cmd = [*self.command, "serve", "--host", "127.0.0.1", "--http-port", "0",
                "--grpc-port", "0", "--metrics-port", "0", "--port-file", str(port_file)]
         for repo in self.repositories:
             cmd += ["--model-repository", str(repo)]

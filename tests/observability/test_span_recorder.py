@@ -1,6 +1,7 @@
-"""The compiled span recorder (`modelplex.observability._span_recorder`): W3C trace context read as the
-specification says, records that decode back to exactly what was recorded, a bounded buffer, and an
-exporter process that gets the shared objects again when it is restarted."""
+"""The span recorder in use (the compiled one; `py_span_recorder` when test_py_span_recorder reruns this module
+with MODELPLEX_SPAN_RECORDER=python): W3C trace context read as the specification says, records that decode
+back to exactly what was recorded, a bounded buffer, and an exporter process that gets the shared objects again
+when it is restarted."""
 from __future__ import annotations
 
 import random

@@ -1,11 +1,13 @@
 """Spans recorded on the request path, queued for export in a bounded buffer.
 
-The recording is compiled (`_span_recorder.c`): a span is a small object; ending it copies one
-fixed-size record into the `Recorder`'s buffer (dropped and counted when full). Names and attribute
-dicts the request path reuses are registered once (`share`) and recorded by reference; a
-model that calls no other is recorded inside its caller's record (`model_span`). Nothing here
-encodes, locks or calls OpenTelemetry: the export (`trace_export`) takes records in bulk and
-`SpanDecoder` turns them back into `SpanData` tuples, wherever the encoding happens.
+The recording is compiled (`_span_recorder.c`), or pure Python (`py_span_recorder`: same API and
+records) where the extension was not built or `MODELPLEX_SPAN_RECORDER=python` asks for it (`c`
+insists on the compiled one): a span is a small object; ending it copies one fixed-size record into
+the `Recorder`'s buffer (dropped and counted when full). Names and attribute dicts the request path
+reuses are registered once (`share`) and recorded by reference; a model that calls no other is
+recorded inside its caller's record (`model_span`). Nothing here encodes, locks or calls
+OpenTelemetry: the export (`trace_export`) takes records in bulk and `SpanDecoder` turns them back
+into `SpanData` tuples, wherever the encoding happens.
 
 A `SpanData` tuple: (trace_id, span_id, parent_span_id or 0, parent_is_remote, trace_state, name,
 kind, start_ns, end_ns, attributes, events or None, status_code, status_message, children or None).
@@ -17,21 +19,30 @@ They get their span ids at export (`expand_children`).
 """
 from __future__ import annotations
 
+import os
 import random
-import struct
 import time
 from contextvars import ContextVar
 
-from ._span_recorder import RECORD_SIZE, Recorder, SpanCore, share, shared  # noqa: F401 - re-exported
+from .py_span_recorder import FLAG_MODEL, FLAG_REMOTE, RECORD
+
+_ASKED = os.environ.get("MODELPLEX_SPAN_RECORDER", "")
+if _ASKED not in ("", "c", "python"):
+    raise ValueError(f"MODELPLEX_SPAN_RECORDER must be c, python or unset, not {_ASKED!r}")
+SPAN_RECORDER = "python" if _ASKED == "python" else "c"  # the implementation in use
+if SPAN_RECORDER == "c":
+    try:
+        from ._span_recorder import RECORD_SIZE, Recorder, SpanCore, share, shared
+    except ImportError:
+        if _ASKED == "c":
+            raise
+        SPAN_RECORDER = "python"  # installed where no compiler was: the extension is optional
+if SPAN_RECORDER == "python":
+    from .py_span_recorder import RECORD_SIZE, Recorder, SpanCore, share, shared  # noqa: F401 - re-exported
 
 SPAN_KIND_INTERNAL, SPAN_KIND_SERVER = 1, 2  # OTLP Span.SpanKind
 STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2  # OTLP Status.StatusCode
-FLAG_REMOTE, FLAG_MODEL = 1, 2
-# `Record` in _span_recorder.c: trace id (high, low), span id, parent id; start, end, the model span's
-# enqueue/start/end and batch size, the extras' sequence number; name, attributes, model name, model
-# attributes (shared references, -1: in the extras); status, kind, flags.
-RECORD = struct.Struct("<4Q7q4i3B5x")
-assert RECORD.size == RECORD_SIZE
+assert RECORD.size == RECORD_SIZE  # `Record` in _span_recorder.c, laid out in py_span_recorder
 
 _getrandbits = random.getrandbits
 _time_ns = time.time_ns

@@ -4,8 +4,9 @@ OTLP export (OpenTelemetry's wire format and W3C trace context).
 A front door asks `Tracing.sample` only when `Tracing.enabled` and opens `request_span` for a
 sampled request; inside it the span is `trace_spans.current_span`, and the rest of the path (model
 versions, ensemble steps, BLS calls, streams) adds children to whatever span is current: an
-untraced request pays one context-variable read per model. Spans are recorded in C as plain records
-(`trace_spans`); encoding and export happen in another process (`trace_export`, `otlp_exporter`).
+untraced request pays one context-variable read per model. Spans are recorded in C (or Python where
+that was not built) as plain records (`trace_spans`); encoding and export happen in another process
+(`trace_export`, `otlp_exporter`).
 """
 from __future__ import annotations
 
