@@ -189,3 +189,22 @@ def test_start_on_a_running_sequence_begins_it_again(http):
     _infer(http, httpclient, "seq_direct", 50, sequence_id=701, sequence_start=True)
     assert _infer(http, httpclient, "seq_direct", 2, sequence_id=701, sequence_start=True)[0] == 2
     assert _infer(http, httpclient, "seq_direct", 3, sequence_id=701, sequence_end=True)[0] == 5
+
+
+def test_a_sequence_without_a_free_slot_waits_in_the_backlog(sequence_server, http):
+    """seq_string has one instance of 2 slots: a third sequence runs once one of the two ends."""
+    _infer(http, httpclient, "seq_string", 1, sequence_id="a", sequence_start=True)
+    _infer(http, httpclient, "seq_string", 2, sequence_id="b", sequence_start=True)
+    waiting: queue.Queue = queue.Queue()
+    client = httpclient.InferenceServerClient(sequence_server.http_url)
+    thread = threading.Thread(target=lambda: waiting.put(
+        _infer(client, httpclient, "seq_string", 3, sequence_id="c", sequence_start=True)))
+    thread.start()
+    time.sleep(0.3)
+    assert waiting.empty()  # no slot yet (the others idle out only after 5 s)
+    assert _infer(http, httpclient, "seq_string", 10, sequence_id="a", sequence_end=True)[0] == 11
+    out, info = waiting.get(timeout=30)
+    thread.join()
+    assert out == 3 and info["row"] == 0  # the slot "a" held
+    _infer(http, httpclient, "seq_string", 0, sequence_id="b", sequence_end=True)
+    _infer(http, httpclient, "seq_string", 0, sequence_id="c", sequence_end=True)
