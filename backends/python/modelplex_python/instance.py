@@ -58,6 +58,8 @@ class PythonInstance(ModelInstance):
         self.execute_timeout = float(model.parameters.get("execute_timeout_secs") or DEFAULT_EXECUTE_TIMEOUT_SECS)
         self.dataplane = model.dataplane
         self._output_types = {t.name: t for t in _output_datatypes(model.config)}
+        # Implicit state outputs: the host's sequence batcher takes them back from the response.
+        self._state_outputs = {s.output_name for s in model.config.sequence_batching.state}
         self._report_failure = ictx.report_failure
         self._calls: dict[int, asyncio.Future | asyncio.Queue] = {}
         self._datatype_warnings: set[tuple[str, str]] = set()
@@ -171,7 +173,7 @@ class PythonInstance(ModelInstance):
         outputs = []
         for t in desc["outputs"]:
             declared = self._output_types.get(t["name"])
-            if self._output_types and declared is None:
+            if self._output_types and declared is None and t["name"] not in self._state_outputs:
                 raise InternalError(f"model '{self.model_name}' returned output '{t['name']}', "
                                     "which its config does not declare")
             if declared is not None and declared.datatype != t["datatype"]:

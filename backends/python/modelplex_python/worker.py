@@ -77,6 +77,12 @@ def encode_request(request: pb_utils.InferenceRequest, buffers: list) -> dict:
             "outputs": request.requested_output_names(), "parameters": request._parameters}
 
 
+def _sequence_flags(parameters: dict) -> int:
+    """Triton's request flags from the sequence parameters (the host has checked them)."""
+    return ((pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.get("sequence_start") else 0)
+            | (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if parameters.get("sequence_end") else 0))
+
+
 class Worker:
     def __init__(self, channel: Channel):
         self.channel = channel
@@ -175,9 +181,11 @@ class Worker:
     def _request(self, call_id: int, index: int, desc: dict, buffers: list,
                  sent: _SentResponses | None) -> pb_utils.InferenceRequest:
         inputs = [pb_utils.Tensor(t["name"], decode_tensor(t, buffers)) for t in desc["inputs"]]
+        parameters = desc["parameters"]
         request = pb_utils.InferenceRequest(request_id=desc["id"], inputs=inputs,
-                                            requested_output_names=desc["outputs"],
-                                            parameters=desc["parameters"])
+                                            requested_output_names=desc["outputs"], parameters=parameters,
+                                            correlation_id=parameters.get("sequence_id", 0),
+                                            flags=_sequence_flags(parameters))
         if self.decoupled:
             request._sender = InferenceResponseSender(lambda response, final: self._stream(call_id, index,
                                                                                            response, final))

@@ -53,9 +53,12 @@ def is_fully_specified(config) -> bool:
 def complete_config(config, inputs: list[TensorSignature], outputs: list[TensorSignature], model_format: str) -> None:
     """Fill max_batch_size, the tensors and their types and dims from the model, then `check_config`."""
     _complete_max_batch_size(config, inputs, outputs)
-    _complete_tensors(config, config.input, inputs, "input", model_format, add_missing=True)
+    supplied, state_outputs = sequence_tensor_names(config)
+    _complete_tensors(config, config.input, [s for s in inputs if s.name not in supplied], "input", model_format,
+                      add_missing=True)
     # A config may list a subset of outputs on purpose; only an empty list means "all of them".
-    _complete_tensors(config, config.output, outputs, "output", model_format, add_missing=not config.output)
+    _complete_tensors(config, config.output, [s for s in outputs if s.name not in state_outputs], "output",
+                      model_format, add_missing=not config.output)
     check_config(config, inputs, outputs, model_format)
 
 
@@ -64,11 +67,21 @@ def check_config(config, inputs: list[TensorSignature], outputs: list[TensorSign
     and every model input is configured. Outputs may be a subset (clients only see those)."""
     _check_tensors(config, config.input, inputs, "input", model_format)
     _check_tensors(config, config.output, outputs, "output", model_format)
-    declared = {t.name for t in config.input}
+    # The sequence batcher supplies its control and state inputs: config.pbtxt declares them in
+    # sequence_batching, not in `input`.
+    declared = {t.name for t in config.input} | sequence_tensor_names(config)[0]
     missing = [s.name for s in inputs if s.name not in declared]
     if missing:
         raise InvalidInput(f"model '{config.name}': {model_format} model input(s) "
                            f"{', '.join(repr(m) for m in missing)} are missing from config.pbtxt")
+
+
+def sequence_tensor_names(config) -> tuple[set[str], set[str]]:
+    """(inputs, outputs) of the model that `sequence_batching` declares: control and state inputs,
+    state outputs."""
+    sb = config.sequence_batching
+    inputs = {c.name for c in sb.control_input} | {s.input_name for s in sb.state}
+    return inputs, {s.output_name for s in sb.state}
 
 
 def _check_tensors(config, declared, model: list[TensorSignature], kind: str, model_format: str) -> None:

@@ -10,11 +10,13 @@ import time
 from collections.abc import AsyncIterator
 
 from ..core.backend import BackendSpec, InstanceContext, ModelContext, ModelInstance
-from ..core.errors import InternalError, ModelplexError, Unavailable
+from ..core.errors import InternalError, ModelplexError, Unavailable, Unsupported
 from ..core.tensors import InferRequest, InferResponse
 from ..observability.stats import ModelStats
 from ..observability.trace_spans import current_span, share
 from ..scheduling.batching import DynamicBatcher
+from ..scheduling.sequence_batcher import SequenceBatcher
+from ..scheduling.sequence_config import sequence_settings
 from .adapters import AdapterSource, ModelAdapters, load_sources
 from .validation import RequestValidator
 
@@ -72,9 +74,20 @@ class ModelVersion:
         self._idle: asyncio.Queue[ModelInstance] = asyncio.Queue()
         self._drained = asyncio.Event()
         ctx.stats = stats
+        self.batcher = self._batcher(ctx, spec, stats)
+
+    def _batcher(self, ctx: ModelContext, spec: BackendSpec, stats: ModelStats):
+        """The sequence batcher, the dynamic batcher, or None (each request runs alone)."""
+        config = ctx.config
+        if config.HasField("sequence_batching"):
+            if self.decoupled:
+                raise Unsupported(f"model '{self.name}': sequence batching of decoupled models is not supported")
+            return SequenceBatcher(sequence_settings(config, ctx.model_path), self.instances, stats,
+                                   spec.merges_batches, tuple(self.validator.outputs))
         # Decoupled models stream per request; Triton batches only models answering once.
-        self.batcher = (DynamicBatcher(ctx.config, self._idle, stats, spec.merges_batches)
-                        if ctx.config.HasField("dynamic_batching") and not self.decoupled else None)
+        if config.HasField("dynamic_batching") and not self.decoupled:
+            return DynamicBatcher(config, self._idle, stats, spec.merges_batches)
+        return None
 
     async def load(self, timeout: float | None = None) -> None:
         """Create every instance of every instance_group off the event loop, within `timeout`
