@@ -9,8 +9,8 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["modelplex", "modelplex_onnx", "modelplex_native_gpu", "modelplex_openvino", "modelplex_python",
-            "triton_python_backend_utils", "modelplex_multilora",
+PACKAGES = ["modelplex", "modelplex_onnx", "modelplex_pytorch", "modelplex_native_gpu", "modelplex_openvino",
+            "modelplex_python", "triton_python_backend_utils", "modelplex_multilora",
             "modelplex_ensembles", "modelplex_admin"]
 
 
@@ -36,7 +36,7 @@ def test_wheel_installs_and_runs(tmp_path):
              "assert all(os.path.isfile(s) for s in cpu._SOURCES), cpu._SOURCES\n"
              "print(sorted(ep.name for ep in m.entry_points(group='modelplex')))\n")
     out = subprocess.run([py, "-c", probe], check=True, env=env, cwd=tmp_path, capture_output=True, text=True).stdout
-    assert "onnx" in out
+    assert "onnx" in out and "pytorch" in out
 
 
 def test_repo_root_does_not_shadow_stdlib_platform():
