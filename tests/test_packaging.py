@@ -21,8 +21,9 @@ from helpers.otlp_receiver import receiver
 from helpers.serverproc import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["modelplex", "modelplex_onnx", "modelplex_native_gpu", "modelplex_openvino", "modelplex_python",
-            "triton_python_backend_utils", "modelplex_multilora", "modelplex_ensembles", "modelplex_admin"]
+PACKAGES = ["modelplex", "modelplex_onnx", "modelplex_pytorch", "modelplex_native_gpu", "modelplex_openvino",
+            "modelplex_python", "triton_python_backend_utils", "modelplex_multilora",
+            "modelplex_ensembles", "modelplex_admin"]
 DEV_PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 
 
@@ -79,7 +80,7 @@ def test_the_command_runs_without_dev_packages(venv_bin, tmp_path):
              "print(*sorted(ep.name for ep in m.entry_points(group='modelplex')))\n")
     recorder, plugins = run(venv_bin / "python", "-c", probe, cwd=tmp_path).splitlines()
     assert recorder == "python modelplex.observability.py_span_recorder"
-    assert plugins.split() == ["admin", "ensemble", "native_gpu", "onnx", "openvino", "python"]
+    assert plugins.split() == ["admin", "ensemble", "native_gpu", "onnx", "openvino", "python", "pytorch"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,2 @@
+"""The PyTorch backend for modelplex (`backend: "pytorch"`, platform `pytorch_libtorch`): TorchScript
+`model.pt` files and `torch.export` programs (`model.pt2`)."""
