@@ -8,6 +8,7 @@ install is not possible here; the install is most of this module's time (~40 s c
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -32,7 +33,15 @@ def wheel(tmp_path_factory) -> Path:
     """Built as `python -m build` builds a release (an sdist, then the wheel from its unpacked copy: nothing
     from this tree's build/ folder), with a compiler that always fails: the span recorder stays Python."""
     out = tmp_path_factory.mktemp("dist")
-    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", out, ROOT, env=clean_env(CC="/bin/false"))
+    egg_info = ROOT / "modelplex.egg-info"
+    existed = egg_info.exists()
+    try:
+        run(sys.executable, "-m", "build", "--no-isolation", "--outdir", out, ROOT, env=clean_env(CC="/bin/false"))
+    finally:
+        # The sdist step writes it into the tree; left behind, it would shadow the editable install's
+        # entry points for anything run from the repository root.
+        if not existed:
+            shutil.rmtree(egg_info, ignore_errors=True)
     return next(out.glob("modelplex-*.whl"))
 
 
