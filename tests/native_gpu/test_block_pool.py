@@ -116,3 +116,19 @@ def test_allocation_failure_changes_nothing():
     assert [blk.ref_cnt for blk in kv.block_pool.blocks[1:]] == [0, 0, 0]
     assert kv.block_table("b") == [] and kv.num_free_blocks == 3
     check_invariant(kv.block_pool)
+
+
+def test_hits_in_the_free_queue_are_not_handed_out_as_new_blocks():
+    kv = KVCacheManager(num_blocks=3, block_size=BS)
+    a, c = request("a", range(4)), request("c", range(100, 104))
+    assert kv.allocate_slots(a, 4)
+    kv.free(a)
+    assert kv.allocate_slots(c, 4)
+    kv.free(c)
+    assert kv.block_pool.free_queue.block_ids() == [1, 2]  # a's cached block first in line for eviction
+    b = request("b", list(range(4)) + [50, 51, 52, 53])
+    hits, _ = kv.get_computed_blocks(b)
+    assert [h.block_id for h in hits[0]] == [1]
+    assert kv.allocate_slots(b, 4, hits)
+    assert kv.block_table("b") == [1, 2]
+    check_invariant(kv.block_pool)

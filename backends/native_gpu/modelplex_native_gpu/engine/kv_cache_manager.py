@@ -122,10 +122,11 @@ class KVCacheManager:
         if tables is None:
             tables = self.req_to_blocks[request.request_id] = [[] for _ in self.groups]
             self.num_skipped_blocks[request.request_id] = [blocks.count(null) for blocks in hits]
-        new_blocks = iter(self.block_pool.get_new_blocks(sum(num_needed)))
-        for g, blocks in enumerate(tables):
+        for g, blocks in enumerate(tables):  # hits leave the free queue before any block is popped from it
             self.block_pool.touch(block for block in hits[g] if block is not null)
             blocks.extend(hits[g])
+        new_blocks = iter(self.block_pool.get_new_blocks(sum(num_needed)))
+        for g, blocks in enumerate(tables):
             blocks.extend(next(new_blocks) for _ in range(num_needed[g]))
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
