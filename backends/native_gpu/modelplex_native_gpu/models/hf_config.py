@@ -6,7 +6,7 @@ older `rope_theta` / `rope_scaling` / `rope_local_base_freq` / `sliding_window_p
 from __future__ import annotations
 
 from ..errors import ModelLoadError
-from .config import activation
+from .config import ROPE_TYPES, activation
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -16,11 +16,15 @@ def family_fields(family: str, cfg: dict) -> dict:
     return {"llama": _llama, "qwen3": _qwen3, "gemma2": _gemma2, "gemma3": _gemma3, "phi3": _phi3}[family](cfg)
 
 
-def _rope(cfg: dict, params: dict | None = None, default_theta: float = 10000.0) -> dict:
-    """rope_theta and rope_scaling (None for plain RoPE) from `params` or the config's own keys."""
+def _rope(cfg: dict, params: dict | None = None, default_theta: float = 10000.0, field: str | None = None) -> dict:
+    """rope_theta and rope_scaling (None for plain RoPE) from `params` or the config's own keys; an
+    unsupported type fails naming the config.json key it came from (`field`)."""
     if params is None:
-        params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        field = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+        params = cfg.get(field) or {}
     kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES + ("su",):  # su: Phi-3's early name of longrope
+        raise ModelLoadError(f"{field}.rope_type: unsupported value {kind!r}; supported: {ROPE_TYPES}")
     theta = params.get("rope_theta") or cfg.get("rope_theta") or default_theta
     return {"rope_theta": float(theta), "rope_scaling": None if kind == "default" else dict(params)}
 
@@ -67,9 +71,10 @@ def _gemma3(cfg: dict) -> dict:
     default_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
     params = cfg.get("rope_parameters") or {}
     if "full_attention" in params:  # transformers 5: one RoPE per layer type
-        full, local = _rope(cfg, params["full_attention"], 1e6), _rope(cfg, params.get("sliding_attention", {}))
+        full = _rope(cfg, params["full_attention"], 1e6, "rope_parameters.full_attention")
+        local = _rope(cfg, params.get("sliding_attention", {}), field="rope_parameters.sliding_attention")
     else:
-        full = _rope(cfg, cfg.get("rope_scaling") or {}, 1e6)
+        full = _rope(cfg, cfg.get("rope_scaling") or {}, 1e6, "rope_scaling")
         local = {"rope_theta": float(cfg.get("rope_local_base_freq", 10000.0)), "rope_scaling": None}
     return {**_gemma_common(cfg), **full, "local_rope_theta": local["rope_theta"],
             "local_rope_scaling": local["rope_scaling"], "qk_norm": True,
