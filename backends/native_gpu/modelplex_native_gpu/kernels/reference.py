@@ -105,17 +105,15 @@ def paged_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float,
-            softcap: float | None, is_causal: bool = False) -> torch.Tensor:
-    """SDPA over [..., Hkv, G, L, D] queries and [..., Hkv, N, D] keys (broadcast over the G query heads
-    of a KV head); with `softcap`, HF's eager order: scale, cap, mask, fp32 softmax."""
+            softcap: float | None) -> torch.Tensor:
+    """Attention of q [..., L, D] over keys/values [..., N, D] (broadcast over leading dims, e.g. the query
+    heads of one KV head); with `softcap`, HF's eager order: scale, cap, mask, fp32 softmax."""
     if softcap is None:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, is_causal=is_causal)
-    scores = torch.matmul(q, keys.unsqueeze(-3).transpose(-1, -2) if q.dim() > keys.dim() else keys.transpose(-1, -2))
-    scores = torch.tanh(scores * scale / softcap) * softcap
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    scores = torch.tanh(torch.matmul(q, keys.transpose(-1, -2)) * scale / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, values.unsqueeze(-3) if q.dim() > values.dim() else values)
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
 
 
 def prefix_prefill_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -168,7 +166,8 @@ def _prefill_one(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
             mask &= k_pos > q_pos - sliding_window
     if softcap is not None:
         grouped = q.reshape(num_kv_heads, num_heads // num_kv_heads, q_len, head_dim)
-        return _attend(grouped, keys, values, mask, scale, softcap).reshape(num_heads, q_len, head_dim).transpose(0, 1)
+        out = _attend(grouped, keys[:, None], values[:, None], mask, scale, softcap)  # [Hkv, G, q_len, D]
+        return out.reshape(num_heads, q_len, head_dim).transpose(0, 1)
     # 4-D inputs: torch's CPU flash kernel handles them; 3-D ones fall back to the slow math path.
     o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=is_causal,
                                        scale=scale, enable_gqa=num_kv_heads != num_heads)

@@ -91,8 +91,9 @@ class ArchConfig:
             raise ModelLoadError(f"hidden_act: unsupported value {self.hidden_act!r}; supported: {sorted(ACTIVATIONS)}")
         if self.layer_windows and len(self.layer_windows) != self.num_hidden_layers:
             raise ModelLoadError(f"layer_types: {len(self.layer_windows)} entries for {self.num_hidden_layers} layers")
-        if any(w is not None and w <= 0 for w in self.layer_windows):
-            raise ModelLoadError(f"sliding_window: must be positive, got {max(self.layer_windows, key=bool)!r}")
+        bad = [w for w in self.layer_windows if w is not None and w <= 0]
+        if bad:
+            raise ModelLoadError(f"sliding_window: must be positive, got {bad[0]!r}")
 
 
 def activation(name: str, field: str = "hidden_act") -> str:
