@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from modelplex_native_gpu.loader import LoadedWeights
-from modelplex_native_gpu.models.config import LlamaArchConfig
+from modelplex_native_gpu.models.config import ArchConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -62,7 +62,7 @@ def make_hf_model(shape: Shape, dtype: str, device: str, seed: int = 0, max_posi
 
 def loaded_weights(hf_model, shape: Shape, max_positions: int = 4096) -> LoadedWeights:
     """The engine's view of the same weights: HF names, the transformers model's own tensors."""
-    return LoadedWeights(LlamaArchConfig.from_hf(shape.config_dict(max_positions)), dict(hf_model.state_dict()))
+    return LoadedWeights(ArchConfig.from_hf(shape.config_dict(max_positions)), dict(hf_model.state_dict()))
 
 
 def random_prompts(lengths: list[int], vocab: int, seed: int = 1, prefix: int = 0) -> list[list[int]]:

@@ -75,11 +75,11 @@ def test_manager_allocates_exact_blocks_and_frees_tail_first():
 def test_prefix_hits_share_blocks_and_count_references():
     kv = KVCacheManager(num_blocks=10, block_size=BS)
     a = request("a", range(10))
-    assert kv.get_computed_blocks(a) == ([], 0)
+    assert kv.get_computed_blocks(a) == ([[]], 0)
     assert kv.allocate_slots(a, 10)  # blocks [1, 2] are full and get cached, 3 is partial
     b = request("b", list(range(8)) + [50, 51, 52])
     hits, num_hit = kv.get_computed_blocks(b)
-    assert [h.block_id for h in hits] == [1, 2] and num_hit == 8
+    assert [h.block_id for h in hits[0]] == [1, 2] and num_hit == 8
     assert kv.allocate_slots(b, 3, hits)
     kv.record_prefix_lookup(b.num_tokens, num_hit)
     assert kv.block_table("b") == [1, 2, 4]
@@ -97,9 +97,9 @@ def test_full_prompt_hit_leaves_last_token_to_compute_and_salt_separates():
     kv.allocate_slots(a, 8)
     same = request("same", range(8))
     hits, num_hit = kv.get_computed_blocks(same)
-    assert [h.block_id for h in hits] == [1] and num_hit == 4  # block 2 holds the last token
+    assert [h.block_id for h in hits[0]] == [1] and num_hit == 4  # block 2 holds the last token
     salted = request("salted", range(8), salt="adapter-1")
-    assert kv.get_computed_blocks(salted) == ([], 0)
+    assert kv.get_computed_blocks(salted) == ([[]], 0)
     kv.free(a)
     check_invariant(kv.block_pool)
 
@@ -111,8 +111,24 @@ def test_allocation_failure_changes_nothing():
     kv.free(a)  # blocks 1, 2 are free but cached
     b = request("b", list(range(8)) + list(range(100, 112)))
     hits, _ = kv.get_computed_blocks(b)
-    assert [h.block_id for h in hits] == [1, 2]
+    assert [h.block_id for h in hits[0]] == [1, 2]
     assert not kv.allocate_slots(b, 12, hits)  # needs 3 more blocks, only block 3 is not a hit
     assert [blk.ref_cnt for blk in kv.block_pool.blocks[1:]] == [0, 0, 0]
     assert kv.block_table("b") == [] and kv.num_free_blocks == 3
+    check_invariant(kv.block_pool)
+
+
+def test_hits_in_the_free_queue_are_not_handed_out_as_new_blocks():
+    kv = KVCacheManager(num_blocks=3, block_size=BS)
+    a, c = request("a", range(4)), request("c", range(100, 104))
+    assert kv.allocate_slots(a, 4)
+    kv.free(a)
+    assert kv.allocate_slots(c, 4)
+    kv.free(c)
+    assert kv.block_pool.free_queue.block_ids() == [1, 2]  # a's cached block first in line for eviction
+    b = request("b", list(range(4)) + [50, 51, 52, 53])
+    hits, _ = kv.get_computed_blocks(b)
+    assert [h.block_id for h in hits[0]] == [1]
+    assert kv.allocate_slots(b, 4, hits)
+    assert kv.block_table("b") == [1, 2]
     check_invariant(kv.block_pool)

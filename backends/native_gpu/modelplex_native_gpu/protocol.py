@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from modelplex import InferRequest, InferResponse, InvalidInput, llm_protocol
 
+from .chat_template import render_chat
 from .engine.outputs import RequestOutput
 from .engine.sampling_params import SamplingParams
 from .errors import InvalidRequestError
@@ -37,16 +38,6 @@ def parse_request(request: InferRequest, tokenizer, max_model_len: int) -> Gener
         return GenerateCall(prompt_ids, SamplingParams.from_dict(values))
     except InvalidRequestError as exc:
         raise InvalidInput(str(exc), param=exc.field) from None
-
-
-def render_chat(tokenizer, messages: list[dict]) -> str:
-    """The model's chat template over checked messages, ending with the assistant's turn opening."""
-    if tokenizer.chat_template is None:
-        raise InvalidInput("messages: this model has no chat template; send text_input", param="messages")
-    try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    except Exception as exc:
-        raise InvalidInput(f"messages: the chat template refused them: {exc}", param="messages") from None
 
 
 def make_response(request: InferRequest, model: tuple[str, str], text: str, output: RequestOutput,

@@ -49,7 +49,7 @@ class CudaGraphRunner:
                 and meta.decode_block_tables.shape[1] <= self.block_tables.shape[1])
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """The hidden states [n, hidden] of the step, as `model(input_ids, positions, meta)` computes them."""
+        """The hidden states [n, hidden] of the step, as `model(input_ids, positions, [meta])` computes them."""
         n = input_ids.shape[0]
         size = next(s for s in self.sizes if s >= n)
         self.input_ids[:n].copy_(input_ids)
@@ -74,7 +74,7 @@ class CudaGraphRunner:
             decode_block_tables=self.block_tables[:size], decode_context_lens=self.context_lens[:size],
             prefill_block_tables=None, prefill_cu_seqlens_q=None, prefill_context_lens=None,
             max_prefill_query_len=0)
-        args = (self.input_ids[:size], self.positions[:size], meta)
+        args = (self.input_ids[:size], self.positions[:size], [meta])  # one KV-cache group
         side = torch.cuda.Stream()  # warm-up on a side stream, as torch.cuda.graph asks
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

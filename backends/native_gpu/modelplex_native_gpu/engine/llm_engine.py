@@ -77,7 +77,8 @@ class LLMEngine:
         self.runner.sampler.generator.manual_seed(config.seed)
         num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
         progress(f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens on {device}")
-        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                              self.runner.kv_groups)
         self.lora = None
         if config.max_loras:
             from .lora import EngineLoRA

@@ -15,8 +15,9 @@ from ..layers.attention import AttentionMetadata
 from ..layers.linear import Linear, can_pack
 from ..layers.norm import RMSNorm
 from ..loader import LoadedWeights
-from ..models.llama import LlamaForCausalLM
+from ..models import model_class
 from .cuda_graphs import CudaGraphRunner
+from .kv_cache_groups import group_layers, group_size
 from .sampler import Sampler, SamplerOutput
 from .scheduler import SchedulerOutput
 
@@ -49,7 +50,11 @@ class ModelRunner:
 
             kernels.compiled_ops()  # built (first use on this machine: ~15 s) while the model loads
         self.kernels = kernels
-        self.model = LlamaForCausalLM(loaded.config, kernels, max_position=cfg.max_model_len)
+        self.model = model_class(loaded.config.family)(loaded.config, kernels, max_position=cfg.max_model_len)
+        self.kv_groups = group_layers(loaded.config.window_of)
+        for g, group in enumerate(self.kv_groups):
+            for i in group.layer_ids:
+                self.model.layers[i].kv_group = g
         unused = self.model.load_weights(loaded.weights)
         if unused:
             logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[0])
@@ -73,7 +78,8 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         a = self.arch
-        return 2 * a.num_hidden_layers * self.block_size * a.num_key_value_heads * a.head_dim * self.dtype.itemsize
+        slots = group_size(self.kv_groups)  # a block holds one group's layers
+        return 2 * slots * self.block_size * a.num_key_value_heads * a.head_dim * self.dtype.itemsize
 
     @property
     def weight_bytes(self) -> int:
@@ -89,9 +95,10 @@ class ModelRunner:
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def allocate_kv_cache(self, memory_bytes: int) -> int:
-        """Allocate as many blocks as fit in `memory_bytes` (block 0 is the null block)."""
+        """Allocate as many blocks as fit in `memory_bytes` (block 0 is the null block); every KV-cache
+        group draws from them."""
         num_blocks = memory_bytes // self.bytes_per_block
-        needed = -(-self.cfg.max_model_len // self.block_size) + 1
+        needed = len(self.kv_groups) * -(-self.cfg.max_model_len // self.block_size) + 1
         if num_blocks < needed:
             raise InvalidConfigError(
                 "kv_cache_memory_bytes",
@@ -103,27 +110,30 @@ class ModelRunner:
         head_major = self.device.type == "cpu"
         shape = (a.num_key_value_heads, num_blocks, self.block_size) if head_major else \
             (num_blocks, self.block_size, a.num_key_value_heads)
-        self.kv_cache = torch.zeros(2, a.num_hidden_layers, *shape, a.head_dim, dtype=self.dtype, device=self.device)
+        slots = group_size(self.kv_groups)
+        self.kv_cache = torch.zeros(2, slots, *shape, a.head_dim, dtype=self.dtype, device=self.device)
         if head_major:
             self.kv_cache = self.kv_cache.permute(0, 1, 3, 4, 2, 5)  # same [.., num_blocks, block_size, Hkv, D] view
-        for i, layer in enumerate(self.model.layers):
-            layer.self_attn.attn.k_cache = self.kv_cache[0, i]
-            layer.self_attn.attn.v_cache = self.kv_cache[1, i]
+        for group in self.kv_groups:  # layer j of every group shares cache slot j (each group its own blocks)
+            for slot, i in enumerate(group.layer_ids):
+                self.model.layers[i].self_attn.attn.k_cache = self.kv_cache[0, slot]
+                self.model.layers[i].self_attn.attn.v_cache = self.kv_cache[1, slot]
         self.num_blocks = num_blocks
         return num_blocks
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> SamplerOutput:
         """Run one step; returns a sampled token for each request whose scheduled tokens reach its end."""
-        input_ids, positions, meta, sample_rows, sample_indices, order = self._prepare(out)
+        input_ids, positions, metas, sample_rows, sample_indices, order = self._prepare(out)
         if self.lora is not None:  # the mapping follows the flattened rows, which _prepare reorders
             self.lora.set_step([out.requests[i] for i in order], [out.num_scheduled_tokens[i] for i in order])
-        # A graph captured without adapters skips the LoRA ops: steps with an adapter run eagerly.
-        if self.graphs is not None and self.graphs.can_run(len(input_ids), meta) and (
-                self.lora is None or self.lora.model.context.mapping is None):
-            hidden = self.graphs.run(input_ids, positions, meta)
+        # A graph captured without adapters skips the LoRA ops: steps with an adapter run eagerly. So do models
+        # with several KV-cache groups (sliding windows): their graphs would need a block table per group.
+        if (self.graphs is not None and len(metas) == 1 and self.graphs.can_run(len(input_ids), metas[0])
+                and (self.lora is None or self.lora.model.context.mapping is None)):
+            hidden = self.graphs.run(input_ids, positions, metas[0])
         else:
-            hidden = self.model(input_ids, positions, meta)
+            hidden = self.model(input_ids, positions, metas)
         if not sample_indices:
             return SamplerOutput.empty(len(out.requests))
         logits = self.model.compute_logits(hidden[sample_rows])
@@ -133,7 +143,7 @@ class ModelRunner:
     def _prepare(self, out: SchedulerOutput):
         """Flatten the step: one-token rows (decodes) first, longest context first so the CPU decode path
         gathers sequences of similar length together; then the prefill chunks in scheduling order."""
-        bs, dev = self.block_size, self.device
+        dev = self.device
         scheduled = list(zip(out.requests, out.num_scheduled_tokens))
         decodes = sorted((i for i, (_, n) in enumerate(scheduled) if n == 1),
                          key=lambda i: -scheduled[i][0].num_computed_tokens)
@@ -148,29 +158,35 @@ class ModelRunner:
             if start + n == request.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 sample_indices.append(i)
-        block_tables = [out.block_tables[i] for i in order]
-        max_blocks = max(len(t) for t in block_tables)
-        tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in block_tables], dtype=torch.int32)
         lens_t, starts_t = torch.tensor(lens), torch.tensor(starts)
         req_index = torch.repeat_interleave(torch.arange(len(lens)), lens_t)
         cu = torch.zeros(len(lens) + 1, dtype=torch.int64)
         torch.cumsum(lens_t, 0, out=cu[1:])
         positions = torch.arange(len(input_ids)) - cu[req_index] + starts_t[req_index]
-        slot_mapping = tables[req_index, positions // bs].long() * bs + positions % bs
         context_lens = (starts_t + lens_t).to(torch.int32)
         nd = len(decodes)
+        step = (positions, req_index, cu, context_lens, lens, starts, nd)
+        metas = [self._group_meta([out.block_tables[i][g] for i in order], step) for g in range(len(self.kv_groups))]
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        return ids, positions.to(dev), metas, torch.tensor(sample_rows, device=dev), sample_indices, order
+
+    def _group_meta(self, block_tables: list[list[int]], step) -> AttentionMetadata:
+        """One KV-cache group's view of the step: its block tables and the slots its layers write."""
+        positions, req_index, cu, context_lens, lens, starts, nd = step
+        bs, dev = self.block_size, self.device
+        max_blocks = max(len(t) for t in block_tables)
+        tables = torch.tensor([t + [0] * (max_blocks - len(t)) for t in block_tables], dtype=torch.int32)
+        slot_mapping = tables[req_index, positions // bs].long() * bs + positions % bs
         decode_tables = decode_lens = plan = None
         if nd:
             # Decode attention reads max_decode_blocks blocks per sequence: trim the padding prefills add.
             max_decode_blocks = -(-(starts[0] + 1) // bs)
             decode_tables, decode_lens = tables[:nd, :max_decode_blocks].to(dev), context_lens[:nd].to(dev)
             plan = self.kernels.plan_decode(decode_tables, decode_lens, bs)
-        meta = AttentionMetadata(
+        return AttentionMetadata(
             slot_mapping=slot_mapping.to(dev), num_decode_tokens=nd,
             decode_block_tables=decode_tables, decode_context_lens=decode_lens,
             prefill_block_tables=tables[nd:].to(dev),
             prefill_cu_seqlens_q=(cu[nd:] - cu[nd]).to(torch.int32).to(dev),
             prefill_context_lens=context_lens[nd:].to(dev),
             max_prefill_query_len=max(lens[nd:], default=0), decode_plan=plan)
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        return ids, positions.to(dev), meta, torch.tensor(sample_rows, device=dev), sample_indices, order

@@ -26,7 +26,7 @@ class SchedulerOutput:
 
     requests: list[EngineRequest] = field(default_factory=list)
     num_scheduled_tokens: list[int] = field(default_factory=list)
-    block_tables: list[list[int]] = field(default_factory=list)
+    block_tables: list[list[list[int]]] = field(default_factory=list)  # per request, one per KV-cache group
     preempted_request_ids: list[str] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
 
@@ -137,7 +137,7 @@ class Scheduler:
     def _add(self, out: SchedulerOutput, request: EngineRequest, num_new: int):
         out.requests.append(request)
         out.num_scheduled_tokens.append(num_new)
-        out.block_tables.append(self.kv_cache_manager.block_table(request.request_id))
+        out.block_tables.append(self.kv_cache_manager.block_tables(request.request_id))
 
     def update_from_output(self, out: SchedulerOutput, sampled_token_ids: list[int | None]) -> list[EngineRequest]:
         """Advance progress and append sampled tokens; returns the requests that got a new token.

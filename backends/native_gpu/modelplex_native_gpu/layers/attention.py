@@ -11,6 +11,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from ..kernels import reference
+
 
 @dataclass
 class AttentionMetadata:
@@ -28,28 +30,43 @@ class AttentionMetadata:
 
 
 class PagedAttention(nn.Module):
-    """Holds one layer's cache views; `kernels` is kernels.reference (CPU) or kernels.triton_attention."""
+    """Holds one layer's cache views; `kernels` is kernels.cpu (CPU) or kernels.triton_attention (CUDA).
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels: ModuleType):
+    A sliding window (the query attends to the last `sliding_window` positions, itself included) or a
+    logit soft-cap (tanh(score / softcap) * softcap, Gemma 2) runs the torch reference attention, on either
+    device: the compiled CPU op and the Triton kernels take neither. K/V are still written by `kernels`.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels: ModuleType,
+                 scale: float | None = None, sliding_window: int | None = None, softcap: float | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
         self.kernels = kernels
+        self.sliding_window, self.softcap = sliding_window, softcap
+        self.attention = reference if sliding_window or softcap else kernels
         self.k_cache = self.v_cache = torch.empty(0)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]."""
-        ops = self.kernels
-        ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        self.kernels.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         nd = meta.num_decode_tokens
         if nd == q.shape[0]:
-            return ops.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
-                                              meta.decode_context_lens, self.scale, meta.decode_plan)
-        prefill = ops.prefix_prefill_attention(q[nd:], self.k_cache, self.v_cache, meta.prefill_block_tables,
-                                               meta.prefill_cu_seqlens_q, meta.prefill_context_lens, self.scale,
-                                               meta.max_prefill_query_len, k[nd:], v[nd:])
+            return self._decode(q, meta)
+        extra = {} if self.attention is self.kernels else {"sliding_window": self.sliding_window,
+                                                           "softcap": self.softcap}
+        prefill = self.attention.prefix_prefill_attention(
+            q[nd:], self.k_cache, self.v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q,
+            meta.prefill_context_lens, self.scale, meta.max_prefill_query_len, k[nd:], v[nd:], **extra)
         if nd == 0:
             return prefill
-        decode = ops.paged_decode_attention(q[:nd], self.k_cache, self.v_cache, meta.decode_block_tables,
-                                            meta.decode_context_lens, self.scale, meta.decode_plan)
-        return torch.cat((decode, prefill))
+        return torch.cat((self._decode(q[:nd], meta), prefill))
+
+    def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if self.attention is self.kernels:
+            return self.kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
+                                                       meta.decode_context_lens, self.scale, meta.decode_plan)
+        # The step's plan belongs to `kernels` (None for the compiled CPU op): the reference plans its own.
+        return reference.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
+                                                meta.decode_context_lens, self.scale, None,
+                                                sliding_window=self.sliding_window, softcap=self.softcap)

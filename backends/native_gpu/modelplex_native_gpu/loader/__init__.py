@@ -7,14 +7,14 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ModelLoadError
-from ..models.config import LlamaArchConfig
+from ..models.config import ArchConfig
 
 
 @dataclass
 class LoadedWeights:
-    """Architecture plus HF-named fp32/bf16 tensors, ready for LlamaForCausalLM.load_weights."""
+    """Architecture plus HF-named fp32/bf16 tensors, ready for the family model's load_weights."""
 
-    config: LlamaArchConfig
+    config: ArchConfig
     weights: dict[str, torch.Tensor]
 
 

@@ -1,12 +1,18 @@
-"""GGUF loading: architecture from metadata, tensors dequantized to fp32 and renamed to HF names."""
+"""GGUF loading: architecture from metadata, tensors dequantized to fp32 and renamed to HF names.
+
+Tensor names are llama.cpp's (gguf-py's tensor_mapping); the family-specific metadata is read in
+gguf_config.py. Undone here: llama.cpp's RoPE row permutation of Llama/Mistral q/k, and the +1 its
+converter adds to Gemma's norm weights (the models add it back, as for HF checkpoints).
+"""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from ..errors import ModelLoadError
-from ..models.config import LlamaArchConfig
+from ..models.config import ArchConfig
 from . import LoadedWeights
+from .gguf_config import ARCHITECTURES, arch_config
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -14,23 +20,31 @@ _LAYER_NAMES = {
     "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+_GEMMA_NAMES = {"ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                "post_attention_norm.weight": "post_attention_layernorm.weight",
+                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+_FAMILY_NAMES = {"gemma2": _GEMMA_NAMES, "gemma3": _GEMMA_NAMES,
+                 "phi3": {"ffn_up.weight": "mlp.gate_up_proj.weight"}}  # Phi-3's ffn_up holds gate and up
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
-_ARCHITECTURES = ("llama", "mistral", "qwen2")
+_PERMUTED_ARCHITECTURES = ("llama", "mistral")  # llama.cpp's converter permutes q/k rows only for these
 
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, family: str) -> str | None:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     parts = name.split(".", 2)
-    if parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-    return None
+    if parts[0] != "blk" or len(parts) < 3:
+        return None
+    local = _FAMILY_NAMES.get(family, {}).get(parts[2]) or _LAYER_NAMES.get(parts[2])
+    return None if local is None else f"model.layers.{parts[1]}.{local}"
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -45,48 +59,32 @@ def load(path: str) -> LoadedWeights:
     reader = gguf.GGUFReader(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
     arch = meta.get("general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {_ARCHITECTURES}")
-    names = {t.name for t in reader.tensors}
-    config = _config(meta, arch, reader, names)
-    weights = {}
-    for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
-        if name is None:
-            continue
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"general.architecture: unsupported GGUF architecture {arch!r}; "
+                             f"supported: {tuple(ARCHITECTURES)}")
+    tensors = {t.name: t for t in reader.tensors}
+
+    def read(name: str) -> np.ndarray:
+        tensor = tensors[name]
         w = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        w = w.reshape([int(d) for d in reversed(tensor.shape)])
-        if arch != "qwen2" and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
-            w = _unpermute(w, config.num_attention_heads)
-        elif arch != "qwen2" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
-            w = _unpermute(w, config.num_key_value_heads)
-        weights[name] = torch.from_numpy(np.array(w, dtype=np.float32))  # copy: F32 tensors are read-only mmaps
+        return w.reshape([int(d) for d in reversed(tensor.shape)])
+
+    config = arch_config(meta, arch, reader, read)
+    weights = {}
+    for name in tensors:
+        hf_name = _hf_name(name, config.family)
+        if hf_name is None:
+            continue
+        w = _to_hf(read(name), name, hf_name, arch, config)
+        weights[hf_name] = torch.from_numpy(np.array(w, dtype=np.float32))  # copy: F32 tensors are read-only mmaps
     return LoadedWeights(config, weights)
 
 
-def _config(meta: dict, arch: str, reader, names: set[str]) -> LlamaArchConfig:
-    def get(key, default=None):
-        return meta.get(f"{arch}.{key}", default)
-
-    heads = int(get("attention.head_count"))
-    hidden = int(get("embedding_length"))
-    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    scaling = None
-    if get("rope.scaling.type") in ("linear",):
-        scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
-
-    def token_id(key):
-        field = reader.fields.get(f"tokenizer.ggml.{key}")
-        return int(field.contents()) if field is not None else None
-
-    return LlamaArchConfig(
-        vocab_size=int(embd.shape[1]), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
-        num_hidden_layers=int(get("block_count")), num_attention_heads=heads,
-        num_key_value_heads=int(get("attention.head_count_kv", heads)),
-        head_dim=int(get("attention.key_length", hidden // heads)),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(get("context_length", 4096)),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names, rope_scaling=scaling,
-        bos_token_id=token_id("bos_token_id"), eos_token_id=token_id("eos_token_id"))
+def _to_hf(w: np.ndarray, name: str, hf_name: str, arch: str, config: ArchConfig) -> np.ndarray:
+    if arch in _PERMUTED_ARCHITECTURES and name.endswith(("attn_q.weight", "attn_q.bias")):
+        return _unpermute(w, config.num_attention_heads)
+    if arch in _PERMUTED_ARCHITECTURES and name.endswith(("attn_k.weight", "attn_k.bias")):
+        return _unpermute(w, config.num_key_value_heads)
+    if config.family in ("gemma2", "gemma3") and hf_name.endswith("norm.weight"):
+        return w - 1.0
+    return w

@@ -6,7 +6,7 @@ import json
 import os
 
 from ..errors import ModelLoadError
-from ..models.config import LlamaArchConfig
+from ..models.config import ArchConfig
 from . import LoadedWeights
 
 
@@ -14,7 +14,7 @@ def load(folder: str) -> LoadedWeights:
     from safetensors.torch import load_file
 
     with open(os.path.join(folder, "config.json")) as f:
-        config = LlamaArchConfig.from_hf(json.load(f))
+        config = ArchConfig.from_hf(json.load(f))
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise ModelLoadError(f"no .safetensors files in {folder!r}")

@@ -1,7 +1,9 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2): RMSNorm, RoPE, GQA, SwiGLU.
+"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2): RMSNorm, RoPE, GQA, SwiGLU; the layers the other
+families share (attention with optional q/k norms, windows and soft-capping; the gated MLP).
 
-Runs on a flattened batch of tokens [T] with positions [T]; attention goes through PagedAttention.
-Weights are loaded from HF-named tensors; q/k/v and gate/up are fused into one matmul each.
+Runs on a flattened batch of tokens [T] with positions [T]; attention goes through PagedAttention, one
+AttentionMetadata per KV-cache group (`metas[layer.kv_group]`). Weights are loaded from HF-named tensors;
+q/k/v and gate/up are fused into one matmul each (checkpoints that store them fused load as they are).
 """
 from __future__ import annotations
 
@@ -11,11 +13,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ModelLoadError
 from ..layers.attention import AttentionMetadata, PagedAttention
 from ..layers.linear import Linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
-from .config import LlamaArchConfig
+from .config import ArchConfig
+
+# fused parameter -> the HF tensors it concatenates (rows), when a checkpoint stores them apart
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 def _param(*shape) -> nn.Parameter:
@@ -23,14 +30,18 @@ def _param(*shape) -> nn.Parameter:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, kernels: ModuleType):
+    def __init__(self, cfg: ArchConfig, kernels: ModuleType, layer_idx: int):
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, kernels)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar else None
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, kernels, scale,
+                                   cfg.window_of[layer_idx], cfg.attn_logit_softcapping)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata,
                 ops=None):
@@ -38,10 +49,13 @@ class LlamaAttention(nn.Module):
         num_tokens, qk_size = qkv.shape[0], self.q_size + self.kv_size
         # q and k heads sit side by side in qkv: one rotation covers both.
         qk = qkv[:, :qk_size].view(num_tokens, -1, self.head_dim)
-        if ops is None:
+        if self.q_norm is not None:
+            heads = self.num_heads
+            qk = torch.cat((self.q_norm.forward(qk[:, :heads]), self.k_norm.forward(qk[:, heads:])), 1)
+        if ops is None or rope[0].shape[-1] != self.head_dim:
             qk = RotaryEmbedding.apply(qk, *rope)
         else:
-            ops.rotary_embedding(qk, *rope)  # in place: qkv is this step's own
+            ops.rotary_embedding(qk, *rope)  # in place: qkv (or the normed copy) is this step's own
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, qk_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         o = self.attn.forward(q, k, v, meta)
@@ -49,24 +63,29 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig):
+    """down(act(gate(x)) * up(x)): SwiGLU with silu, GeGLU with gelu_tanh."""
+
+    def __init__(self, cfg: ArchConfig):
         super().__init__()
         self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.act = _ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj.forward(F.silu(gate).mul_(up))
+        return self.down_proj.forward(self.act(gate).mul_(up))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaArchConfig, kernels: ModuleType):
+    def __init__(self, cfg: ArchConfig, kernels: ModuleType, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, kernels)
+        self.self_attn = LlamaAttention(cfg, kernels, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
+        self.kv_group = 0  # which AttentionMetadata (KV-cache group) the layer reads; set by the runner
+        self.rope_index = 0  # which of the model's rotary tables it uses
 
     def forward(self, rope, x, residual, meta, ops=None):
         """x: the output of the previous layer's MLP (the embeddings at the first layer, where
@@ -81,30 +100,39 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """Also the base of the other families: they swap `layer_class`, add rotary tables or override
+    `embed`, `compute_logits` and `adapt_weight`."""
+
+    layer_class = LlamaDecoderLayer
     # LoRA targets inside each decoder layer: projection -> the PEFT module names of its output slices.
     lora_targets = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "self_attn.o_proj": ("o_proj",),
                     "mlp.gate_up_proj": ("gate_proj", "up_proj"), "mlp.down_proj": ("down_proj",)}
 
-    def __init__(self, cfg: LlamaArchConfig, kernels: ModuleType, max_position: int):
+    def __init__(self, cfg: ArchConfig, kernels: ModuleType, max_position: int):
         super().__init__()
         self.config = cfg
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
+        rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        self.rotaries = nn.ModuleList([RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling,
+                                                       rotary_dim)])
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, kernels) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(cfg, kernels, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
         self.fused_ops = None  # kernels' fused CPU layer ops (torch.ops.modelplex_cpu), set by the runner
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed_tokens)
-        rope = self.rotary.table(positions, x.dtype)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metas: list[AttentionMetadata]) -> torch.Tensor:
+        x = self.embed(input_ids)
+        ropes = [rotary.table(positions, x.dtype) for rotary in self.rotaries]
         # `.forward` rather than calling the modules, here and in the layers: nn.Module's call (hook
         # checks) costs a few microseconds, ~300 times a step; these modules never carry hooks.
         residual, ops = None, self.fused_ops
         for layer in self.layers:
-            x, residual = layer.forward(rope, x, residual, meta, ops)
+            x, residual = layer.forward(ropes[layer.rope_index], x, residual, metas[layer.kv_group], ops)
         return x + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -116,28 +144,29 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Linear):
                 module.pack(batch_size_hint, keep_weight=module.weight is self.embed_tokens, cpu_ops=cpu_ops)
 
-    def load_weights(self, weights: dict[str, torch.Tensor]):
-        """Copy HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...) into the fused parameters."""
+    def adapt_weight(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """An HF tensor as this model's parameter holds it (Gemma: norms with their +1)."""
+        return tensor
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> list[str]:
+        """Copy HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...) into the parameters, fusing
+        q/k/v and gate/up where the checkpoint keeps them apart. Returns the names left unused."""
         weights = dict(weights)  # popped as consumed; the caller's dict stays whole
-        get = weights.pop
         with torch.no_grad():
-            self.embed_tokens.copy_(get("model.embed_tokens.weight"))
-            self.norm.weight.copy_(get("model.norm.weight"))
-            if not self.config.tie_word_embeddings:
-                self.lm_head.weight.copy_(get("lm_head.weight"))
-            for i, layer in enumerate(self.layers):
-                p = f"model.layers.{i}."
-                attn = layer.self_attn
-                attn.qkv_proj.weight.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
-                if attn.qkv_proj.bias is not None:
-                    attn.qkv_proj.bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
-                attn.o_proj.weight.copy_(get(p + "self_attn.o_proj.weight"))
-                mlp = layer.mlp
-                gate_up = [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]
-                mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
-                mlp.down_proj.weight.copy_(get(p + "mlp.down_proj.weight"))
-                layer.input_layernorm.weight.copy_(get(p + "input_layernorm.weight"))
-                layer.post_attention_layernorm.weight.copy_(get(p + "post_attention_layernorm.weight"))
+            for name, param in self.named_parameters():  # a tied LM head is the embedding: listed once
+                hf_name = ("model.embed_tokens.weight" if name == "embed_tokens" else
+                           name if name.startswith("lm_head.") else "model." + name)
+                param.copy_(self.adapt_weight(hf_name, _take(weights, hf_name)))
         weights.pop("lm_head.weight", None)  # tied checkpoints may carry a copy
-        unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
-        return unused
+        return [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
+
+
+def _take(weights: dict[str, torch.Tensor], hf_name: str) -> torch.Tensor:
+    if hf_name in weights:
+        return weights.pop(hf_name)
+    prefix, module, kind = hf_name.rsplit(".", 2)
+    parts = [f"{prefix}.{part}.{kind}" for part in _FUSED.get(module, ())]
+    missing = [p for p in parts if p not in weights] if parts else [hf_name]
+    if missing:
+        raise ModelLoadError(f"checkpoint tensor {missing[0]!r} is missing")
+    return torch.cat([weights.pop(p) for p in parts])
