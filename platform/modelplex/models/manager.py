@@ -156,15 +156,17 @@ class ModelManager:
         chain = _LOAD_CHAIN.get()
         if name in chain:
             raise InvalidInput(f"models use each other: {' -> '.join(chain + (name,))}")
-        if not files and name not in self.entries:
-            try:  # an unknown name is NotFound before any state is kept for it
-                self.repository.locate(name)
-            except NotFound as e:
-                raise NotFound(f"failed to load '{name}': {e.message}") from None
-        entry = self.entries.setdefault(name, ModelEntry(name))
         token = _LOAD_CHAIN.set(chain + (name,))
         try:
+            if not files and name not in self.entries:
+                self.repository.locate(name)  # an unknown name is NotFound before any state is kept for it
+            entry = self.entries.setdefault(name, ModelEntry(name))
             await self._load_locked(entry, name, config_json, files)
+        except ModelplexError as e:
+            if not chain and not e.message.startswith("failed to load"):  # what Triton's clients look for
+                e.message = f"failed to load '{name}': {e.message}"
+                e.args = (e.message,)
+            raise
         finally:
             _LOAD_CHAIN.reset(token)
             release_freed_memory_soon()
@@ -181,9 +183,6 @@ class ModelManager:
                     location = self.repository.locate(name)
                 await self._load_versions(entry, location, config_json)
             except ModelplexError as e:
-                if not e.message.startswith("failed to load"):  # what Triton's clients look for
-                    e.message = f"failed to load '{name}': {e.message}"
-                    e.args = (e.message,)
                 entry.error = e.message
                 self._drop(scratch)  # the versions serving keep their own files
                 raise
