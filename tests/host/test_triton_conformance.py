@@ -173,6 +173,11 @@ def test_a_failed_load_says_failed_to_load(server, protocol):
         client(server, protocol).load_model("broken")
     with pytest.raises(InferenceServerException, match="failed to load 'absent'"):
         client(server, protocol).load_model("absent")
+    with pytest.raises(InferenceServerException) as e:  # a file name longer than NAME_MAX (NVIDIA's example)
+        client(server, protocol).load_model("simple", config="{}", files={"file:" + "A" * 256: b"a"})
+    assert e.value.status() in ("500", "StatusCode.INTERNAL") and "/tmp" not in e.value.message()
+    assert "failed to load 'simple', failed to poll from model repository" in e.value.message()
+    assert client(server, protocol).is_model_ready("simple")
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.backend import BackendSpec, ModelContext
-from ..core.errors import InvalidInput, ModelplexError, NotFound, Unavailable
+from ..core.errors import InternalError, InvalidInput, ModelplexError, NotFound, Unavailable
 from ..core.settings import ServerConfig
 from ..observability.stats import ModelStats
 from . import config as mc
@@ -208,8 +208,12 @@ class ModelManager:
         try:
             for rel, content in files.items():
                 target = confined(scratch, rel)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(content)
+                except OSError as e:  # e.g. a name longer than NAME_MAX; Triton's code and words, no server path
+                    raise InternalError(f"failed to load '{name}', failed to poll from model repository: "
+                                        f"file '{rel[:64]}' cannot be written ({e.strerror})") from None
         except BaseException:
             self._drop(scratch)
             raise
