@@ -17,8 +17,9 @@ OPTIONS = [ServeOption(flags, help, group=GROUP, **kw) for flags, help, kw in [
     (("--api-key-file",), "a file with one inference API key per line", {"type": Path}),
     (("--http-restricted-api",), "requests to these API groups must carry header <key> with <value> (Triton's flag)",
      {"action": "append", "default": [], "metavar": "<api-groups>:<key>=<value>"}),
-    (("--grpc-restricted-protocol",), "gRPC calls of these API groups must carry metadata <key> with <value> "
-     "(Triton's flag)", {"action": "append", "default": [], "metavar": "<api-groups>:<key>=<value>"}),
+    (("--grpc-restricted-protocol",), "gRPC calls of these API groups must carry metadata "
+     "triton-grpc-protocol-<key> (or <key>) with <value> (Triton's flag)",
+     {"action": "append", "default": [], "metavar": "<api-groups>:<key>=<value>"}),
     (("--http-server-cert",), "PEM certificate: serve HTTPS", {"type": Path}),
     (("--http-server-key",), "PEM key of --http-server-cert", {"type": Path}),
     (("--http-root-cert",), "PEM CA: HTTPS clients must present a certificate it signed", {"type": Path}),
@@ -58,12 +59,12 @@ def _secrets(values: list[str], path: Path | None) -> list[str]:
 
 def security_config(options: Mapping[str, Any]) -> SecurityConfig:
     """The flags' values as a `SecurityConfig`; raises ValueError on contradictions or unreadable files."""
-    from .policy import parse_restriction
+    from .policy import parse_restrictions
 
     o = {option.dest: option.default for option in OPTIONS} | dict(options)
     try:
-        http_restricted = {k: v for text in o["http_restricted_api"] for k, v in parse_restriction(text).items()}
-        grpc_restricted = {k: v for text in o["grpc_restricted_protocol"] for k, v in parse_restriction(text).items()}
+        http_restricted = parse_restrictions(o["http_restricted_api"], "--http-restricted-api")
+        grpc_restricted = parse_restrictions(o["grpc_restricted_protocol"], "--grpc-restricted-protocol")
         admin_tokens = _secrets(o["admin_token"], o["admin_token_file"])
         api_keys = _secrets(o["api_key"], o["api_key_file"])
     except OSError as e:

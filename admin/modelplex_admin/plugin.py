@@ -24,7 +24,7 @@ def modelplex_access_controls(settings):
     security = security_config(settings.plugin_options)
     controls = []
     for transport, restricted in (("http", security.http_restricted), ("grpc", security.grpc_restricted)):
-        policy = AccessPolicy(security, restricted)
+        policy = AccessPolicy(security, restricted, transport)
         if not policy.is_open:  # nothing to check: no per-request cost at all
             controls.append(AccessControl(transport, policy.check))
     return controls

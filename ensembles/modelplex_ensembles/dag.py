@@ -77,6 +77,11 @@ def build(config, config_of: Callable[[str, str], object]) -> Ensemble:
             step_config = config_of(step.model_name, version)
         except ModelplexError as e:
             raise InvalidInput(f"{label}: {e.message}") from None
+        # A batching step must take every batch the ensemble may be sent (Triton's rule and words).
+        if 0 < step_config.max_batch_size < config.max_batch_size:
+            raise InvalidInput(f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it "
+                               f"contains model {step.model_name} which only allows maximum batch size to be "
+                               f"{step_config.max_batch_size}")
         model_inputs, model_outputs = _types(step_config)
         # protobuf maps have no order: sort, so the same config always reports the same problem first
         input_map, output_map = dict(sorted(step.input_map.items())), dict(sorted(step.output_map.items()))

@@ -7,11 +7,14 @@ from typing import TYPE_CHECKING
 
 from . import __version__
 from .core.backend import BackendSpec
-from .core.errors import InvalidInput, NotFound, Unavailable, Unsupported
+from .core.errors import InvalidInput, NotFound, Unavailable
 from .core.extensions import DeviceReport
 from .core.settings import ServerConfig
+from .core.shared_memory import SharedMemoryRegistry
+from .core.shm_tensors import output_targets, read_inputs, write_outputs
 from .core.tensors import InferRequest, InferResponse
 from .models.adapters import LORA_PARAMETER, AdapterSource, resolve_folder
+from .models.classification import classify, requested_classes
 from .models.manager import ModelManager
 from .models.repository import check_name
 from .observability.logs import bind_request
@@ -20,9 +23,11 @@ from .observability.tracing import Tracing
 if TYPE_CHECKING:
     from .core.backend import ModelInstance
 
-# Only what is implemented: clients probe these before using an extension.
-EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy",
+# Only what is implemented: clients probe these before using an extension. (CUDA shared memory is
+# not: without a GPU its routes answer as a Triton built without GPU support does.)
+EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
               "model_configuration", "binary_tensor_data", "parameters", "statistics"]
+SHM_EXTENSION = "system_shared_memory"  # advertised when clients may register regions (--allow-client-shm)
 
 
 class DataPlane:
@@ -35,6 +40,7 @@ class DataPlane:
         self.manager = ModelManager(settings, backends, dataplane=self)
         self._device_reports = device_reports
         self.tracing = Tracing(settings.trace)  # the front doors start a request's trace through it
+        self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)  # this server's regions
         self.accepting = True  # False once shutdown starts: not ready, no new requests
 
     # ---- health and metadata ------------------------------------------------------------
@@ -45,7 +51,8 @@ class DataPlane:
         return self.accepting and (not self.settings.strict_readiness or self.manager.is_ready())
 
     def metadata(self) -> dict:
-        return {"name": "modelplex", "version": __version__, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS + [SHM_EXTENSION] if self.shared_memory.allowed else EXTENSIONS
+        return {"name": self.settings.server_id, "version": __version__, "extensions": extensions}
 
     def has_model(self, name: str) -> bool:
         """Whether the server knows model `name` (in any state)."""
@@ -88,6 +95,11 @@ class DataPlane:
         return self.manager.get(name, version).config
 
     # ---- inference ----------------------------------------------------------------------
+    def check_model(self, name: str, version: str = "") -> None:
+        """Raises as `infer` would for a model it cannot serve: the doors ask before decoding a body,
+        so an unknown model is a 404 whatever the body holds."""
+        self.manager.get(name, version)
+
     async def infer(self, request: InferRequest) -> InferResponse:
         if not self.accepting:
             raise Unavailable("server is shutting down")
@@ -98,11 +110,28 @@ class DataPlane:
         if mv.decoupled:
             raise InvalidInput(f"model '{mv.name}' is decoupled: use a streaming API "
                                "(ModelStreamInfer, generate_stream)")
+        targets, classes = self._prepare(request)
         response = await mv.infer(request)
         if request.outputs:
             wanted = {o.name for o in request.outputs}
             response.outputs = [t for t in response.outputs if t.name in wanted]
+            self._finish(response, mv, targets, classes)
         return response
+
+    def _prepare(self, request: InferRequest) -> tuple[dict, dict]:
+        """Inputs read from shared memory; where outputs go (shared memory) and which are classified."""
+        if any(t.data is None for t in request.inputs):
+            read_inputs(request, self.shared_memory, self.settings.tensor_limits)
+        if not any(o.parameters for o in request.outputs):
+            return {}, {}
+        return output_targets(request, self.shared_memory), requested_classes(request)
+
+    @staticmethod
+    def _finish(response: InferResponse, mv, targets: dict, classes: dict) -> None:
+        if classes:
+            classify(response, classes, mv.labels, mv.config.max_batch_size > 0)
+        if targets:
+            write_outputs(response, targets)
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         if not self.accepting:
@@ -116,12 +145,15 @@ class DataPlane:
             response = await self.infer(request)
             yield response
             return
+        targets, classes = self._prepare(request)
         responses = mv.stream(request)
         if self.settings.max_stream_secs:
             responses = _bounded(responses, self.settings.max_stream_secs, mv.name)
         async for response in responses:
             if wanted:
                 response.outputs = [t for t in response.outputs if t.name in wanted]
+                # each response of a stream lands in the same region (the client reads it before the next)
+                self._finish(response, mv, targets, classes)
             yield response
 
     # ---- statistics and repository ------------------------------------------------------
@@ -164,9 +196,9 @@ class DataPlane:
 
     def _check_model_control(self) -> None:
         if self.settings.model_control_mode != "explicit":
-            raise Unsupported("explicit model load / unload is not allowed if polling is enabled"
-                              if self.settings.model_control_mode == "poll" else
-                              "explicit model load / unload is not allowed in model control mode 'none'")
+            # Triton's code and words in both other modes (clients match them)
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled "
+                              f"(model control mode '{self.settings.model_control_mode}')")
 
     async def load_model(self, name: str, config_json: str | None = None,
                          files: dict[str, bytes] | None = None) -> None:

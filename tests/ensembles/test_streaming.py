@@ -71,10 +71,10 @@ def stream(url: str, model: str, a: np.ndarray, b: np.ndarray) -> list:
     return answers
 
 
-def serve(repo, scenario):
+def serve(repo, scenario, **settings_fields):
     async def main():
         settings = ServerConfig(model_repositories=[repo], host="127.0.0.1", grpc_port=0, allow_http=False,
-                                allow_metrics=False, model_control_mode="explicit")
+                                allow_metrics=False, model_control_mode="explicit", **settings_fields)
         server = Server(settings, create_plugin_manager(allow={"onnx", "ensemble"}, extra=[CountdownPlugin()]))
         await server.start()
         try:
@@ -123,3 +123,15 @@ def test_a_decoupled_step_that_is_not_last_fails_the_load_naming_it(repo):
 
     message = serve(repo, scenario)
     assert "ensemble 'streams_midway': step 1 (model 'countdown') is decoupled, so it must be the last step" in message
+
+
+def test_without_auto_complete_a_decoupled_step_needs_a_decoupled_ensemble(repo):
+    """Triton makes such an ensemble decoupled itself; with --disable-auto-complete-config (strict) it must say so."""
+    async def scenario(server, url):
+        with pytest.raises(modelplex.InvalidInput) as e:
+            await server.dataplane.load_model("streams")
+        return e.value.message
+
+    message = serve(repo, scenario, strict_model_config=True)
+    assert "step 2 (model 'countdown') is decoupled, so the ensemble streams too: set model_transaction_policy" \
+        in message

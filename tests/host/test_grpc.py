@@ -75,7 +75,7 @@ def test_model_metadata_and_readiness(client):
     assert client.get_model_metadata("simple", "1", as_json=True) == meta
     assert client.is_model_ready("simple") and client.is_model_ready("simple", "1")
     assert not client.is_model_ready("nope") and not client.is_model_ready("simple", "7")
-    with raises_code("NOT_FOUND", "model 'nope' is not found"):
+    with raises_code("NOT_FOUND", "Request for unknown model: 'nope' is not found"):
         client.get_model_metadata("nope")
 
 
@@ -83,7 +83,7 @@ def test_model_config(client):
     config = client.get_model_config("simple").config
     assert (config.name, config.max_batch_size, config.backend) == ("simple", 8, "onnx")
     assert [t.name for t in config.input] == ["INPUT0", "INPUT1"] and list(config.input[0].dims) == [16]
-    with raises_code("NOT_FOUND", "model 'nope' is not found"):
+    with raises_code("NOT_FOUND", "Request for unknown model: 'nope' is not found"):
         client.get_model_config("nope")
 
 
@@ -165,14 +165,14 @@ def test_stream_serves_requests_and_reports_errors_in_band(client):
     assert first_error is None and first.get_response().id == "s1"
     np.testing.assert_array_equal(first.as_numpy("OUTPUT0"), A + B)
     assert first.get_response().parameters["triton_final_response"].bool_param is True
-    assert "model 'nope' is not found" in str(error)
+    assert "Request for unknown model: 'nope' is not found" in str(error)
     assert last_error is None and last.get_response().id == "s3"
     np.testing.assert_array_equal(last.as_numpy("OUTPUT1"), B - A)
 
 
 # ---- bad input: a clear error, and the next good request still works ---------------------
 def test_unknown_model_is_not_found(client):
-    with raises_code("NOT_FOUND", "model 'nope' is not found"):
+    with raises_code("NOT_FOUND", "Request for unknown model: 'nope' is not found"):
         client.infer("nope", inputs())
     assert_simple_works(client)
 
@@ -210,11 +210,12 @@ def test_a_request_over_grpcs_default_4mb_limit_reaches_the_data_plane(client):
         client.infer("simple", inputs() + [big])
 
 
-def test_unoffered_rpcs_are_unimplemented(client):
-    with raises_code("UNIMPLEMENTED", "this server's gRPC API does not support system shared memory; "
-                                      r"send tensors in the request \(raw_input_contents\)"):
-        client.get_system_shared_memory_status()
-    with raises_code("UNIMPLEMENTED", "does not support CUDA shared memory"):
+def test_shared_memory_rpcs_answer_as_triton_does_by_default(client):
+    """Client shared memory is off unless --allow-client-shm (tests/host/test_shared_memory.py has it on)."""
+    assert len(client.get_system_shared_memory_status().regions) == 0
+    with raises_code("UNIMPLEMENTED", "Client shared memory is disabled"):
+        client.register_system_shared_memory("r", "/k", 8)
+    with raises_code("UNIMPLEMENTED", "Client shared memory is disabled"):
         client.unregister_cuda_shared_memory()
 
 
@@ -280,7 +281,7 @@ def test_unload_makes_the_model_and_its_health_not_serving_until_loaded_again(cl
     client.unload_model("simple_string", unload_dependents=True)
     assert not client.is_model_ready("simple_string")
     assert health_status(health, "simple_string") == health_pb2.HealthCheckResponse.NOT_SERVING
-    with raises_code("NOT_FOUND", "model 'simple_string' is not ready"):
+    with raises_code("NOT_FOUND", "Request for unknown model: 'simple_string' has no available versions"):
         client.infer("simple_string", inputs(A.astype(np.object_), B.astype(np.object_), "BYTES"))
     client.load_model("simple_string")
     assert client.is_model_ready("simple_string")

@@ -116,7 +116,7 @@ def bad_requests():
     yield "unexpected total byte size 12 for input 'X', expecting 16", short
     extra = raw_request(("X", "INT32", ints, ints.tobytes()))
     extra.raw_input_contents.append(b"\x00" * 16)
-    yield "raw_input_contents must hold one entry per input: got 2 for 1 inputs", extra
+    yield "raw_input_contents must hold one entry per input not in shared memory: got 2 for 1 inputs", extra
     both = raw_request(("X", "INT32", ints, ints.tobytes()))
     both.inputs[0].contents.int_contents.extend(ints.flatten().tolist())
     yield "input 'X' carries both raw_input_contents and typed contents", both
@@ -149,10 +149,18 @@ def test_bad_input_data_is_an_invalid_input_naming_the_problem(expected, msg):
         decode_request(msg)
 
 
-def test_shared_memory_inputs_are_refused_as_unsupported():
+def test_shared_memory_inputs_take_no_raw_entry_and_are_left_for_the_data_plane():
     msg = pb.ModelInferRequest(model_name="m")
-    msg.inputs.add(name="X", datatype="INT32", shape=[1]).parameters["shared_memory_region"].string_param = "r"
-    with pytest.raises(Unsupported, match="shared memory"):
+    shm_input = msg.inputs.add(name="X", datatype="INT32", shape=[1, 4])
+    shm_input.parameters["shared_memory_region"].string_param = "r"
+    shm_input.parameters["shared_memory_byte_size"].int64_param = 16
+    msg.inputs.add(name="Y", datatype="INT32", shape=[2])
+    msg.raw_input_contents.append(np.array([5, 6], np.int32).tobytes())  # Y's: X, in shared memory, has none
+    request = decode_request(msg)
+    assert request.inputs[0].data is None and request.inputs[0].parameters["shared_memory_byte_size"] == 16
+    assert request.inputs[1].data.tolist() == [5, 6]
+    msg.raw_input_contents.append(b"\0" * 16)
+    with pytest.raises(InvalidInput, match="one entry per input not in shared memory: got 2 for 1"):
         decode_request(msg)
 
 

@@ -70,7 +70,7 @@ def test_messages_over_grpc_max_message_bytes_are_refused(tmp_path):
             small = pb.ModelInferRequest(model_name="absent")
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await stub.ModelInfer(small)
-            assert (e.value.code(), e.value.details()) == (grpc.StatusCode.NOT_FOUND, "model 'absent' is not found")
+            assert (e.value.code(), e.value.details()) == (grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'absent' is not found")
 
     serve(tmp_path, test, grpc_max_message_bytes=1024 * 1024)
 

@@ -57,7 +57,7 @@ def test_model_metadata_ready_and_config(client):
     assert [t["name"] for t in config["input"]] == ["INPUT0", "INPUT1"]
     assert config["input"][0]["data_type"] == "TYPE_INT32" and config["input"][0]["dims"] == [16]
     assert client.get_model_config("simple", "1") == config
-    with pytest.raises(InferenceServerException, match="model 'nope' is not found") as e:
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found") as e:
         client.get_model_metadata("nope")
     assert e.value.status() == "404"
 
@@ -166,9 +166,8 @@ def test_repository_index_lists_the_loaded_models(client, http):
 
 
 
-def test_extensions_without_an_implementation_answer_501(client):
-    with pytest.raises(InferenceServerException, match="systemsharedmemory/status is not supported") as e:
-        client.get_system_shared_memory_status()
-    assert e.value.status() == "501" and "send tensors in the request body" in e.value.message()
-    with pytest.raises(InferenceServerException, match="cudasharedmemory/region/r/register is not supported"):
-        client.register_cuda_shared_memory("r", b"handle", 0, 8)
+def test_shared_memory_routes_answer_as_triton_does_by_default(client):
+    assert client.get_system_shared_memory_status() == [] and client.get_cuda_shared_memory_status() == []
+    with pytest.raises(InferenceServerException, match="Client shared memory is disabled") as e:
+        client.register_system_shared_memory("r", "/k", 8)
+    assert e.value.status() == "501"

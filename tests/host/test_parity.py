@@ -119,20 +119,21 @@ ERRORS = {
 }
 
 
-UNOFFERED = {
-    "system shared memory": lambda c: c.get_system_shared_memory_status(),
+SHM_DISABLED = {
+    "system shared memory": lambda c: c.register_system_shared_memory("r", "/k", 8),
     "CUDA shared memory": lambda c: c.unregister_cuda_shared_memory(),
 }
 
 
-@pytest.mark.parametrize("call", UNOFFERED.values(), ids=UNOFFERED.keys())
-def test_unoffered_extensions_are_501_and_unimplemented(clients, call):
+@pytest.mark.parametrize("call", SHM_DISABLED.values(), ids=SHM_DISABLED.keys())
+def test_client_shared_memory_off_is_501_and_unimplemented(clients, call):
     h, g = clients
     with pytest.raises(InferenceServerException) as http_error:
         call(h)
     with pytest.raises(InferenceServerException) as grpc_error:
         call(g)
     assert (http_error.value.status(), grpc_error.value.status()) == ("501", "StatusCode.UNIMPLEMENTED")
+    assert http_error.value.message() == grpc_error.value.message().split("] ", 1)[-1]
 
 
 @pytest.mark.parametrize("call", ERRORS.values(), ids=ERRORS.keys())

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from modelplex.core.api_groups import GRPC_METHODS, HTTP_ROUTES
-from modelplex_admin.policy import parse_restriction
+from modelplex_admin.policy import parse_restriction, parse_restrictions
 
 ADMIN, KEY, STATS = "admin-7c1f", "key-42aa", "stats-9"
 NO_AUTH, WRONG = {}, {"authorization": "Bearer not-the-token"}
@@ -140,6 +140,22 @@ def test_grpc_health_stays_open_and_restricted_protocol_applies(secured):
     assert grpc_status(lambda: client.get_inference_statistics("simple")) == "StatusCode.PERMISSION_DENIED"
     stats = client.get_inference_statistics("simple", headers={"x-stats-key": STATS})
     assert stats.model_stats[0].name == "simple"
+
+
+def test_grpc_restricted_protocol_takes_tritons_header(secured):
+    """Triton's gRPC clients send `triton-grpc-protocol-<key>`; a refusal names that header."""
+    client = grpcclient.InferenceServerClient(secured.grpc_url)
+    stats = client.get_inference_statistics("simple", headers={"triton-grpc-protocol-x-stats-key": STATS})
+    assert stats.model_stats[0].name == "simple"
+    with pytest.raises(InferenceServerException) as refused:
+        client.get_inference_statistics("simple", headers={"triton-grpc-protocol-x-stats-key": "wrong"})
+    assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+    assert "This protocol is restricted, expecting header 'triton-grpc-protocol-x-stats-key'" in refused.value.message()
+
+
+def test_a_group_restricted_twice_is_refused():
+    with pytest.raises(ValueError, match="restricted api 'logging' can not be specified in multiple config groups"):
+        parse_restrictions(["logging:k=v", "trace,logging:k2=v2"], "--http-restricted-api")
 
 
 def declared_http_paths(app):

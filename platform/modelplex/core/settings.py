@@ -42,5 +42,14 @@ class ServerConfig:
     admin_host: str | None = None  # default: `host`
     admin_http_port: int | None = None
     admin_grpc_port: int | None = None
+    # Triton's flags of issue 26 (part 2)
+    allow_client_shm: bool = False  # --allow-client-shm: clients may register system shared memory
+    http_address: str | None = None  # --http-address (default: `host`)
+    grpc_address: str | None = None  # --grpc-address (default: `host`)
+    model_load_thread_count: int = 4  # --model-load-thread-count: models loading at once at startup
+    # --backend-config <backend>,<setting>=<value>: default parameters of that backend's models
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    http_header_forward_pattern: str = ""  # --http-header-forward-pattern: headers sent on as parameters
+    grpc_compression_level: str = "none"  # --grpc-infer-response-compression-level
     # Values of the flags plugins add to `modelplex serve` (`modelplex_serve_options`), by dest name.
     plugin_options: dict[str, Any] = field(default_factory=dict)

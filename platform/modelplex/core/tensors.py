@@ -42,7 +42,7 @@ class TensorLimits:
     ~10x the body's size in memory: their count has a bound of its own."""
 
     max_elements: int = 1 << 28  # --max-tensor-elements
-    max_bytes_elements: int = 1 << 20  # --max-bytes-elements
+    max_bytes_elements: int = 1 << 24  # --max-bytes-elements (above the 10M of Triton's own gRPC test)
     max_bytes_element_size: int = 64 << 20  # --max-bytes-element-size
 
     def check_count(self, name: str, datatype: str, count: int) -> None:
@@ -109,12 +109,14 @@ def numpy_dtype(datatype: str):
 
 @dataclass(slots=True)
 class InferTensor:
-    """A named tensor. `data` is a numpy array of `shape`; BYTES data is an object array of bytes."""
+    """A named tensor. `data` is a numpy array of `shape`; BYTES data is an object array of bytes.
+    `data` is None only for a tensor in system shared memory (`shm_tensors`): an input the data plane
+    has yet to read, or an output it has written."""
 
     name: str
     datatype: str
     shape: list[int]
-    data: np.ndarray
+    data: np.ndarray | None
     parameters: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

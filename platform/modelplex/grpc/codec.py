@@ -11,7 +11,8 @@ import numbers
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from ..core.errors import InvalidInput, Unsupported
+from ..core.errors import InvalidInput
+from ..core.shm_tensors import REGION
 from ..core.tensors import (
     BYTES_LENGTH,
     DEFAULT_LIMITS,
@@ -42,10 +43,14 @@ _INT64_MAX = 2**63 - 1
 # ---- requests -----------------------------------------------------------------------------
 def decode_request(msg: pb.ModelInferRequest, limits: TensorLimits = DEFAULT_LIMITS) -> InferRequest:
     raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
-        raise InvalidInput(f"raw_input_contents must hold one entry per input: got {len(raw)} "
-                           f"for {len(msg.inputs)} inputs")
-    inputs = [decode_tensor(t, raw[i] if raw else None, limits) for i, t in enumerate(msg.inputs)]
+    # Inputs in shared memory have no raw entry: the others take theirs in order, as in Triton.
+    in_raw = [t for t in msg.inputs if not (t.parameters and REGION in t.parameters)]
+    if raw and len(raw) != len(in_raw):
+        raise InvalidInput(f"raw_input_contents must hold one entry per input not in shared memory: got "
+                           f"{len(raw)} for {len(in_raw)} inputs")
+    contents = iter(raw)
+    inputs = [decode_tensor(t, None if (not raw or t.parameters and REGION in t.parameters) else next(contents),
+                            limits) for t in msg.inputs]
     outputs = [RequestedOutput(o.name, decode_parameters(o.parameters)) for o in msg.outputs]
     return InferRequest(msg.model_name, inputs, msg.model_version, msg.id, outputs,
                         decode_parameters(msg.parameters))
@@ -61,14 +66,18 @@ def decode_parameters(params) -> dict:
 def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None,
                   limits: TensorLimits = DEFAULT_LIMITS) -> InferTensor:
     params = t.parameters
-    if params and "shared_memory_region" in params:
-        raise Unsupported(f"input '{t.name}': shared memory inputs are not supported")
     shape = list(t.shape)
     if shape and min(shape) < 0:
         raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape}")
     count = math.prod(shape)
     datatype = t.datatype
     limits.check_count(t.name, datatype, count)
+    if params and REGION in params:
+        if t.HasField("contents"):
+            raise InvalidInput(f"unexpected 'content' provided when using shared memory for input tensor "
+                               f"'{t.name}'")
+        # no data: the data plane reads it from the region (`shm_tensors.read_inputs`)
+        return InferTensor(t.name, datatype, shape, None, decode_parameters(params))
     if raw is not None:
         if t.HasField("contents"):
             raise InvalidInput(f"input '{t.name}' carries both raw_input_contents and typed contents")
@@ -124,7 +133,8 @@ def encode_response(response: InferResponse) -> pb.ModelInferResponse:
                                 id=response.id, raw_output_contents=[tensor_bytes(t) for t in response.outputs])
     add_output = msg.outputs.add
     for t in response.outputs:
-        header = add_output(name=t.name, datatype=t.datatype, shape=t.data.shape)
+        # data None: written into shared memory (its raw entry is empty, as Triton's)
+        header = add_output(name=t.name, datatype=t.datatype, shape=t.shape if t.data is None else t.data.shape)
         if t.parameters:
             encode_parameters(header.parameters, t.parameters)
     if response.parameters:
@@ -135,6 +145,8 @@ def encode_response(response: InferResponse) -> pb.ModelInferResponse:
 def tensor_bytes(t: InferTensor) -> bytes:
     """The raw wire bytes of one tensor (C order, little-endian, BYTES length-prefixed)."""
     data = t.data
+    if data is None:
+        return b""
     if t.datatype == "BYTES":
         return _join_bytes(data)
     dtype = WIRE_DTYPES.get(t.datatype)

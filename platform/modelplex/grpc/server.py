@@ -10,10 +10,14 @@ from ..dataplane import DataPlane
 from .health import HealthServicer
 from .servicer import InferenceServicer
 
+# --grpc-infer-response-compression-level -> gRPC core's levels (it picks an algorithm the client accepts)
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 2, "high": 3}
+
 
 def server_options(settings: ServerConfig) -> list[tuple[str, int]]:
     size = settings.grpc_max_message_bytes
-    return [
+    level = COMPRESSION_LEVELS[settings.grpc_compression_level]
+    return ([("grpc.default_compression_level", level)] if level else []) + [
         ("grpc.max_receive_message_length", size),
         ("grpc.max_send_message_length", size),
         # A second server on the same fixed port must fail to bind, not share it silently.

@@ -12,18 +12,18 @@ from ..dataplane import DataPlane
 from ..observability.logs import LOG_SETTINGS
 from ..observability.trace_spans import share
 from .codec import decode_request, encode_response
-from .status import error_message, guarded, unimplemented
+from .shared_memory import SharedMemoryRpcs
+from .status import error_message, guarded
 
 # Triton's stream parameters: the client asks for an empty last response; every response says if it is the last.
 ENABLE_EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL_RESPONSE = "triton_final_response"
 FILE_PREFIX = "file:"
-SEND_IN_REQUEST = "send tensors in the request (raw_input_contents)"
 _MAX_SHARED_SPAN_ATTRIBUTES = 1024  # (method, model) pairs: clients choose the model names
 _SPAN_NAMES = {method: share(method) for method in ("ModelInfer", "ModelStreamInfer")}
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+class InferenceServicer(SharedMemoryRpcs, service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane):
         self.dataplane = dataplane
         self._span_attributes: dict[tuple[str, str], dict] = {}
@@ -154,14 +154,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         param = request.parameters.get("unload_dependents")
         await self.dataplane.unload_model(request.model_name, bool(param and param.bool_param))
         return pb.RepositoryModelUnloadResponse()
-
-    # ---- not offered --------------------------------------------------------------------
-    SystemSharedMemoryStatus = unimplemented("system shared memory", SEND_IN_REQUEST)
-    SystemSharedMemoryRegister = unimplemented("system shared memory", SEND_IN_REQUEST)
-    SystemSharedMemoryUnregister = unimplemented("system shared memory", SEND_IN_REQUEST)
-    CudaSharedMemoryStatus = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
-    CudaSharedMemoryRegister = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
-    CudaSharedMemoryUnregister = unimplemented("CUDA shared memory", SEND_IN_REQUEST)
 
     # ---- run-time settings --------------------------------------------------------------
     @guarded

@@ -52,13 +52,3 @@ def guarded(method):
             await context.abort(grpc.StatusCode.INTERNAL, error_message(e))
 
     return call
-
-
-def unimplemented(feature: str, hint: str = ""):
-    """An RPC this server does not offer: UNIMPLEMENTED with a message naming the feature (and what to do)."""
-    message = f"this server's gRPC API does not support {feature}" + (f"; {hint}" if hint else "")
-
-    async def call(self, request, context):
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
-
-    return call

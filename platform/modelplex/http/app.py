@@ -13,6 +13,7 @@ from .infer import INFER_PATH, InferEndpoint
 from .observability import create_observability_router
 from .openapi import openapi_document
 from .routes import create_router
+from .shm_routes import create_shm_router
 from .tracing import traced, traced_route_model
 
 
@@ -52,6 +53,7 @@ def create_http_app(dataplane: DataPlane, settings: ServerConfig, routers: list[
     app.include_router(create_router(dataplane, settings))
     app.include_router(create_observability_router(dataplane))
     app.include_router(create_generate_router(dataplane))
+    app.include_router(create_shm_router(dataplane))
     for router in routers:
         app.include_router(router)
     document = openapi_document(app)  # once: the routes are all mounted by now

@@ -102,10 +102,14 @@ def _decode_input(item, view: memoryview, offset: int, size: int, limits: Tensor
         raise InvalidInput(f"input '{name}' has unsupported datatype '{datatype}'")
     limits.check_count(name, datatype, count)
     parameters = _dict(item.get("parameters"), f"input '{name}' parameters")
-    if "shared_memory_region" in parameters:
-        raise InvalidInput(f"input '{name}': shared memory inputs are not supported over this server's HTTP API")
     binary_size = parameters.pop("binary_data_size", None)
     data = item.get("data")
+    if "shared_memory_region" in parameters:
+        if data is not None or binary_size is not None:
+            raise InvalidInput(f"input '{name}' must set only one of 'data', 'binary_data_size' in 'parameters' "
+                               "and 'shared_memory_region' in 'parameters'")
+        # no data: the data plane reads it from the region (`shm_tensors.read_inputs`)
+        return InferTensor(name, datatype, shape, None, parameters), offset
     if binary_size is not None:
         if data is not None:
             raise InvalidInput(f"input '{name}' has both 'data' and a binary_data_size")
@@ -210,6 +214,8 @@ def _decode_output(item, fmt: OutputFormat) -> RequestedOutput:
     parameters = _dict(item.get("parameters"), f"output '{name}' parameters")
     if "binary_data" in parameters:
         fmt.binary[name] = _flag(parameters.pop("binary_data"), f"output '{name}' binary_data")
+        if fmt.binary[name] and "shared_memory_region" in parameters:
+            raise InvalidInput("Output can't set both 'shared_memory_region' and 'binary_data'")
     return RequestedOutput(name, parameters)
 
 
@@ -242,7 +248,9 @@ def encode_response(response: InferResponse, fmt: OutputFormat) -> tuple[bytes, 
     for tensor in response.outputs:
         entry = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
         parameters = dict(tensor.parameters)
-        if fmt.is_binary(tensor.name):
+        if tensor.data is None:  # written into shared memory: no data here, as Triton
+            pass
+        elif fmt.is_binary(tensor.name):
             raw = _to_binary(tensor)
             parameters["binary_data_size"] = len(raw)
             chunks.append(raw)

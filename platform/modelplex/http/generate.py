@@ -1,7 +1,8 @@
 """Triton's generate extension: `POST /v2/models/{m}[/versions/{v}]/generate` and `.../generate_stream`.
 
-Top-level JSON fields named like a model input become one-element tensors (objects and lists
-for a BYTES input are sent as JSON text); `parameters` and every other field become request
+Top-level JSON fields named like a model input become tensors shaped to the input's dims (a
+scalar fills any shape of one element; objects and lists for a BYTES input are sent as JSON text);
+`parameters`, every other field and the headers `--http-header-forward-pattern` matches become request
 parameters, where the native_gpu backend reads sampling fields (as Triton's vLLM backend does).
 Each response is a flat object: model_name, model_version, id, one field per output and the
 response parameters. `generate` on a decoupled model joins the streamed text into one answer.
@@ -19,13 +20,14 @@ from ..core.errors import InvalidInput, ModelplexError
 from ..core.tensors import InferRequest, InferResponse, InferTensor, TensorLimits, numpy_dtype
 from ..dataplane import DataPlane
 from .body import ClientGone
+from .forwarding import HeaderForwarding
 from .routes import json_response, read_json_object
 from .sse import CLIENT_CLOSED, first_and_rest, relay, sse_event, sse_response, until_disconnected
 
 
-def generate_request(dataplane: DataPlane, model: str, version: str, body: dict) -> InferRequest:
-    inputs = {t["name"]: t["datatype"] for t in dataplane.model_metadata(model, version)["inputs"]}
-    batched = dataplane.model_config(model, version).max_batch_size > 0
+def generate_request(dataplane: DataPlane, model: str, version: str, body: dict,
+                     forwarded: dict | None = None) -> InferRequest:
+    inputs = {t["name"]: t for t in dataplane.model_metadata(model, version)["inputs"]}
     parameters = body.pop("parameters", {})
     if type(parameters) is not dict:
         raise InvalidInput("'parameters' must be a JSON object")
@@ -37,13 +39,14 @@ def generate_request(dataplane: DataPlane, model: str, version: str, body: dict)
         if name not in inputs:
             parameters[name] = value
             continue
-        tensors.append(_tensor(name, inputs[name], value, batched, dataplane.settings.tensor_limits))
+        spec = inputs[name]
+        tensors.append(_tensor(name, spec["datatype"], spec["shape"], value, dataplane.settings.tensor_limits))
     if not tensors:
         raise InvalidInput(f"the request names none of model '{model}''s inputs ({', '.join(inputs)})")
-    return InferRequest(model, tensors, version, request_id, parameters=parameters)
+    return InferRequest(model, tensors, version, request_id, parameters=parameters | (forwarded or {}))
 
 
-def _tensor(name: str, datatype: str, value, batched: bool, limits: TensorLimits) -> InferTensor:
+def _tensor(name: str, datatype: str, dims: list[int], value, limits: TensorLimits) -> InferTensor:
     if datatype == "BYTES":
         text = (value if isinstance(value, str) else orjson.dumps(value).decode()).encode()
         limits.check_size(name, 0, len(text))  # e.g. the prompt
@@ -54,7 +57,25 @@ def _tensor(name: str, datatype: str, value, batched: bool, limits: TensorLimits
         except (TypeError, ValueError):
             raise InvalidInput(f"input '{name}' must hold {datatype} values, got {value!r}") from None
         limits.check_count(name, datatype, array.size)
-    return InferTensor.from_numpy(name, array.reshape((1, -1) if batched else (-1,)))
+    return InferTensor.from_numpy(name, array.reshape(shape_for(name, dims, array.size)))
+
+
+def shape_for(name: str, dims: list[int], count: int) -> list[int]:
+    """The input's metadata shape (batch dimension included) filled with `count` elements, as
+    Triton's generate does: fixed dimensions take their share, the innermost variable one the rest,
+    other variable ones 1 (so a scalar fills dims [1, 1], and [-1, 1] of a batching model as [1, 1])."""
+    shape, remaining = list(dims), count
+    for d in shape:
+        if d != -1:
+            if d == 0 or remaining % d:
+                raise InvalidInput(f"The schema can not convert input '{name}' to tensor with proper shape")
+            remaining //= d
+    for i in reversed(range(len(shape))):
+        if shape[i] == -1:
+            shape[i], remaining = remaining, 1
+    if remaining != 1:
+        raise InvalidInput(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return shape
 
 
 def generate_answer(response: InferResponse) -> dict:
@@ -92,11 +113,13 @@ async def _collect(stream) -> list[InferResponse]:
 def create_generate_router(dataplane: DataPlane) -> APIRouter:
     router = APIRouter()
     limit = dataplane.settings.http_max_body_bytes
+    forward = HeaderForwarding.of(dataplane.settings.http_header_forward_pattern)
 
     @router.post("/v2/models/{model}/generate")
     @router.post("/v2/models/{model}/versions/{version}/generate")
     async def generate(model: str, request: Request, version: str = ""):
-        infer = generate_request(dataplane, model, version, await read_json_object(request, limit))
+        infer = generate_request(dataplane, model, version, await read_json_object(request, limit),
+                                 forward.parameters(request.headers.raw) if forward else None)
         try:
             responses = await until_disconnected(request.receive, _collect(dataplane.stream(infer)))
         except ClientGone:
@@ -108,7 +131,8 @@ def create_generate_router(dataplane: DataPlane) -> APIRouter:
     @router.post("/v2/models/{model}/generate_stream")
     @router.post("/v2/models/{model}/versions/{version}/generate_stream")
     async def generate_stream(model: str, request: Request, version: str = ""):
-        infer = generate_request(dataplane, model, version, await read_json_object(request, limit))
+        infer = generate_request(dataplane, model, version, await read_json_object(request, limit),
+                                 forward.parameters(request.headers.raw) if forward else None)
         try:
             first, stream = await until_disconnected(request.receive, first_and_rest(dataplane.stream(infer)))
         except ClientGone:

@@ -17,6 +17,8 @@ from ..observability.tracing import Tracing
 from .body import ClientGone, compress, parse_length, read_body, response_encoding
 from .codec import decode_request, encode_error, encode_response
 from .errors import retry_after
+from .forwarding import HeaderForwarding
+from .raw import decode_raw_request
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ class InferEndpoint:
         self.dataplane = dataplane
         self.max_body_bytes = settings.http_max_body_bytes
         self.limits = settings.tensor_limits
+        self.forward = HeaderForwarding.of(settings.http_header_forward_pattern)
         self._span_fields: dict[str, tuple[str, dict, dict]] = {}
 
     async def __call__(self, scope, receive, send, model: str, version: str | None) -> int | None:
@@ -40,7 +43,8 @@ class InferEndpoint:
         try:
             body = await read_body(receive, headers.get(b"content-length"), headers.get(b"content-encoding"),
                                    self.max_body_bytes)
-            response_headers, payload = await self._infer(body, headers, model, version or "")
+            forwarded = self.forward.parameters(scope["headers"]) if self.forward is not None else None
+            response_headers, payload = await self._infer(body, headers, model, version or "", forwarded)
             status = 200
         except ClientGone:
             return None
@@ -88,11 +92,19 @@ class InferEndpoint:
         payload = encode_error(f"Method Not Allowed: {scope['method']} {scope['path']}")
         await respond(send, 405, [*_JSON_HEADERS, (b"allow", b"POST")], payload)
 
-    async def _infer(self, body: bytearray, headers: dict, model: str, version: str) -> tuple[list, bytes]:
+    async def _infer(self, body: bytearray, headers: dict, model: str, version: str,
+                     forwarded: dict | None) -> tuple[list, bytes]:
         header_length = headers.get(b"inference-header-content-length")
         if header_length is not None:
             header_length = parse_length(header_length, "Inference-Header-Content-Length")
-        request, fmt = decode_request(body, header_length, model, version, self.limits)
+        self.dataplane.check_model(model, version)  # an unknown model is a 404 whatever the body
+        if header_length == 0:  # Triton's raw binary request: the body is the one input's bytes
+            config = self.dataplane.model_config(model, version)
+            request, fmt = decode_raw_request(body, config, model, version, self.limits)
+        else:
+            request, fmt = decode_request(body, header_length, model, version, self.limits)
+        if forwarded:
+            request.parameters.update(forwarded)
         response = await self.dataplane.infer(request)
         payload, json_length = encode_response(response, fmt)
         if json_length is None:

@@ -12,7 +12,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from ..core.errors import InvalidInput, Unsupported
+from ..core.errors import InvalidInput
 from ..core.settings import ServerConfig
 from ..dataplane import DataPlane
 from ..models import config as model_config
@@ -147,12 +147,5 @@ def create_router(dataplane: DataPlane, settings: ServerConfig) -> APIRouter:
             raise InvalidInput("'unload_dependents' must be true or false")
         await dataplane.unload_model(name, dependents)
         return json_response({})
-
-    # Triton extensions with no implementation here answer 501 with a reason instead of a bare 404.
-    @router.api_route("/v2/systemsharedmemory{rest:path}", methods=["GET", "POST"], include_in_schema=False)
-    @router.api_route("/v2/cudasharedmemory{rest:path}", methods=["GET", "POST"], include_in_schema=False)
-    async def not_implemented(request: Request):
-        raise Unsupported(f"{request.url.path} is not supported by this server's HTTP API"
-                          + ("; send tensors in the request body" if "sharedmemory" in request.url.path else ""))
 
     return router

@@ -13,6 +13,7 @@ from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
 from ..core.errors import InvalidInput
+from . import config_rules
 
 ModelConfig = pb.ModelConfig
 _INT64_TYPES = {descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE_UINT64,
@@ -104,6 +105,7 @@ def validate(config: pb.ModelConfig) -> None:
     policy = config.version_policy
     if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
         raise InvalidInput(f"model '{config.name}': version_policy latest needs num_versions >= 1")
+    config_rules.check(config)  # the rules Triton applies to every backend
 
 
 def _known_size(dims) -> int | None:

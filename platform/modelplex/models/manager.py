@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.backend import BackendSpec, ModelContext
-from ..core.errors import InvalidInput, ModelplexError, NotFound, Unavailable
+from ..core.errors import InternalError, InvalidInput, ModelplexError, NotFound, Unavailable
 from ..core.settings import ServerConfig
 from ..observability.stats import ModelStats
 from . import config as mc
@@ -54,6 +54,10 @@ class ModelManager:
         self.entries: dict[str, ModelEntry] = {}
         self._poll_task: asyncio.Task | None = None
         self.dataplane = dataplane  # the DataPlane that owns this manager, given to backends (ensembles, BLS)
+        for backend in settings.backend_config:
+            if backend not in backends:
+                log.warning("--backend-config names backend '%s', which is not installed (installed: %s): ignored",
+                            backend, ", ".join(sorted(backends)) or "none")
 
     # ---- lookup -------------------------------------------------------------------------
     def get(self, name: str, version: str = "") -> ModelVersion:
@@ -61,17 +65,19 @@ class ModelManager:
         entry = self.entries.get(name)
         if entry is None or not entry.versions:
             # No repository scan here: this path is reachable by any client, as often as it likes.
-            raise NotFound(f"model '{name}' is not found" if entry is None else f"model '{name}' is not ready")
+            # Triton's words, which its clients and tests match.
+            raise NotFound(f"Request for unknown model: '{name}' is not found" if entry is None else
+                           f"Request for unknown model: '{name}' has no available versions")
         if version:
             if not (version.isascii() and version.isdigit()):  # isdigit alone passes '²'
                 raise InvalidInput(f"invalid model version '{version}'")
             mv = entry.versions.get(int(version))
             if mv is None:
-                raise NotFound(f"model '{name}' version {version} is not found")
+                raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         else:
             ready = [v for v in entry.versions.values() if v.is_ready]
             if not ready:
-                raise Unavailable(f"model '{name}' has no ready version")
+                raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
             mv = max(ready, key=lambda v: v.version)
         return mv
 
@@ -121,7 +127,15 @@ class ModelManager:
             wanted = names if "*" in self.settings.load_models else self.settings.load_models
         else:
             wanted = names
-        await asyncio.gather(*(self._load_logged(n) for n in wanted))
+        # --model-load-thread-count: how many models load at once (their steps, e.g. an ensemble's,
+        # load inside their user's turn, so nested loads never wait for a turn of their own)
+        turns = asyncio.Semaphore(max(1, self.settings.model_load_thread_count))
+
+        async def load_in_turn(name: str) -> None:
+            async with turns:
+                await self._load_logged(name)
+
+        await asyncio.gather(*(load_in_turn(n) for n in wanted))
         if mode == "poll":
             self._poll_task = asyncio.create_task(self._poll_loop())
 
@@ -134,7 +148,7 @@ class ModelManager:
         try:
             await self.load(name)
         except ModelplexError as e:
-            log.error("failed to load model %s: %s", name, e.message)
+            log.error("%s", e.message)  # "failed to load '<name>': ..."
 
     async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
         """Load or reload `name` (optionally with an overriding config and files, as Triton's load API)."""
@@ -142,12 +156,17 @@ class ModelManager:
         chain = _LOAD_CHAIN.get()
         if name in chain:
             raise InvalidInput(f"models use each other: {' -> '.join(chain + (name,))}")
-        if not files and name not in self.entries:
-            self.repository.locate(name)  # an unknown name is NotFound before any state is kept for it
-        entry = self.entries.setdefault(name, ModelEntry(name))
         token = _LOAD_CHAIN.set(chain + (name,))
         try:
+            if not files and name not in self.entries:
+                self.repository.locate(name)  # an unknown name is NotFound before any state is kept for it
+            entry = self.entries.setdefault(name, ModelEntry(name))
             await self._load_locked(entry, name, config_json, files)
+        except ModelplexError as e:
+            if not chain and not e.message.startswith("failed to load"):  # what Triton's clients look for
+                e.message = f"failed to load '{name}': {e.message}"
+                e.args = (e.message,)
+            raise
         finally:
             _LOAD_CHAIN.reset(token)
             release_freed_memory_soon()
@@ -189,8 +208,12 @@ class ModelManager:
         try:
             for rel, content in files.items():
                 target = confined(scratch, rel)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(content)
+                except OSError as e:  # e.g. a name longer than NAME_MAX; Triton's code and words, no server path
+                    raise InternalError(f"failed to load '{name}', failed to poll from model repository: "
+                                        f"file '{rel[:64]}' cannot be written ({e.strerror})") from None
         except BaseException:
             self._drop(scratch)
             raise
@@ -357,7 +380,18 @@ class ModelManager:
     def _context(self, name: str, version: int, location: ModelLocation, config) -> ModelContext:
         return ModelContext(name=name, version=version, model_path=location.path,
                             version_path=location.path / str(version), config=config,
-                            parameters=mc.parameters_of(config), dataplane=self.dataplane)
+                            parameters=self._backend_defaults(config) | mc.parameters_of(config),
+                            dataplane=self.dataplane)
+
+    def _backend_defaults(self, config) -> dict[str, str]:
+        """--backend-config settings of the model's backend (named by its name or an alias); the
+        model's own `parameters` override them."""
+        spec = self.backends.get(config.backend)
+        defaults: dict[str, str] = {}
+        for backend, settings in self.settings.backend_config.items():
+            if spec is not None and self.backends.get(backend) is spec:
+                defaults |= settings
+        return defaults
 
     def _new_version(self, name, version, location, config, spec, fingerprint) -> ModelVersion:
         ctx = self._context(name, version, location, config)

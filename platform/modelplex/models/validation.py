@@ -45,7 +45,7 @@ class RequestValidator:
             if spec is None:
                 raise InvalidInput(f"unexpected inference input '{tensor.name}' for model '{self.model}'")
             if tensor.name in seen:
-                raise InvalidInput(f"input '{tensor.name}' is given twice")
+                raise InvalidInput(f"input '{tensor.name}' already exists in request")
             seen.add(tensor.name)
             if tensor.datatype != spec.datatype:
                 raise InvalidInput(f"input '{tensor.name}' has datatype {tensor.datatype}, "
@@ -54,9 +54,13 @@ class RequestValidator:
         for name, spec in self.inputs.items():
             if name not in seen and not spec.optional:
                 raise InvalidInput(f"expected input '{name}' for model '{self.model}' is missing")
+        outputs = set()
         for out in request.outputs:
             if out.name not in self.outputs:
                 raise InvalidInput(f"unexpected inference output '{out.name}' for model '{self.model}'")
+            if out.name in outputs:
+                raise InvalidInput(f"output '{out.name}' already exists in request")  # Triton's words
+            outputs.add(out.name)
         return batch or 1
 
     def _check_shape(self, tensor: InferTensor, spec: TensorSpec, batch: int) -> int:

@@ -18,6 +18,7 @@ from ..scheduling.batching import DynamicBatcher
 from ..scheduling.sequence_batcher import SequenceBatcher
 from ..scheduling.sequence_config import sequence_settings
 from .adapters import AdapterSource, ModelAdapters, load_sources
+from .classification import load_labels
 from .validation import RequestValidator
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class ModelVersion:
         self.adapters = ModelAdapters(self.name, self.instances)
         self._initial_adapters = list(adapters)
         self.validator = RequestValidator(ctx.config)
+        self.labels: dict[str, list[str]] = {}  # output -> classification labels, read by `load`
         self.decoupled = ctx.config.model_transaction_policy.decoupled
         # Shared by its spans (recorded by reference): never changed.
         self._span_name = share(f"infer {self.name}")
@@ -96,6 +98,7 @@ class ModelVersion:
         start = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            self.labels = await asyncio.to_thread(load_labels, self.config, self.ctx.model_path)
             contexts = self._instance_contexts()
             for number, ictx in enumerate(contexts, 1):
                 self.report_progress(f"creating instance {ictx.name} ({number}/{len(contexts)})")

@@ -56,14 +56,18 @@ class LogSettings(logging.Filter):
         self.log_info = self.log_warning = self.log_error = True
         self.log_verbose_level = 0
         self.log_format = "text"
+        self.log_file = ""  # --log-file; empty: stderr
         self.handler: logging.Handler | None = None
 
-    def install(self, log_format: str = "text", verbose_level: int = 0, stream=None) -> None:
-        """Replace the root logger's handlers with one writing to `stream` (stderr) in `log_format`."""
+    def install(self, log_format: str = "text", verbose_level: int = 0, stream=None, path: str | None = None) -> None:
+        """Replace the root logger's handlers with one writing in `log_format` to the file `path`
+        (appended; --log-file) or else to `stream` (stderr)."""
         root = logging.getLogger()
         for handler in list(root.handlers):
             root.removeHandler(handler)
-        self.handler = logging.StreamHandler(stream or sys.stderr)
+        self.log_file = path or ""
+        self.handler = (logging.FileHandler(path, encoding="utf-8") if path
+                        else logging.StreamHandler(stream or sys.stderr))
         self.handler.addFilter(self)
         root.addHandler(self.handler)
         self.update({"log_format": log_format, "log_verbose_level": verbose_level})
@@ -80,7 +84,7 @@ class LogSettings(logging.Filter):
         return self.log_verbose_level > 0
 
     def settings(self) -> dict:
-        return {"log_file": "", "log_info": self.log_info, "log_warning": self.log_warning,
+        return {"log_file": self.log_file, "log_info": self.log_info, "log_warning": self.log_warning,
                 "log_error": self.log_error, "log_verbose_level": self.log_verbose_level,
                 "log_format": self.log_format}
 
@@ -109,7 +113,7 @@ def _parse(key: str, value):
             raise InvalidInput(f"log setting 'log_format' must be one of {', '.join(FORMATS)}, got {value!r}")
         return value
     if key == "log_file":
-        raise InvalidInput("log setting 'log_file' cannot be changed: modelplex logs to stderr")
+        raise InvalidInput("log setting 'log_file' cannot be changed at run time: start the server with --log-file")
     raise InvalidInput(f"unknown log setting '{key}' (expected log_info, log_warning, log_error, "
                        "log_verbose_level or log_format)")
 

@@ -90,10 +90,11 @@ class Server:
         for wrap in reversed([w for ws in self.pm.hook.modelplex_http_middleware(settings=s) for w in ws or ()]):
             app = wrap(app)
         tls = self.pm.hook.modelplex_http_tls(settings=s)
+        host = s.http_address or s.host
         if s.admin_http_port is None:
-            self._http_servers.append(await self._serve_http(app, s.host, s.http_port, "http", tls))
+            self._http_servers.append(await self._serve_http(app, host, s.http_port, "http", tls))
             return
-        self._http_servers.append(await self._serve_http(AdminSplitMiddleware(app, False), s.host, s.http_port,
+        self._http_servers.append(await self._serve_http(AdminSplitMiddleware(app, False), host, s.http_port,
                                                          "http", tls))
         self._http_servers.append(await self._serve_http(AdminSplitMiddleware(app, True), s.admin_host or s.host,
                                                          s.admin_http_port, "admin_http", tls))
@@ -159,9 +160,10 @@ class Server:
             credentials = server_credentials(tls)
         else:
             credentials = self.pm.hook.modelplex_grpc_credentials(settings=s)
-        listeners = [(s.host, s.grpc_port, "grpc", None)]
+        host = s.grpc_address or s.host
+        listeners = [(host, s.grpc_port, "grpc", None)]
         if s.admin_grpc_port is not None:
-            listeners = [(s.host, s.grpc_port, "grpc", AdminSplitInterceptor(False)),
+            listeners = [(host, s.grpc_port, "grpc", AdminSplitInterceptor(False)),
                          (s.admin_host or s.host, s.admin_grpc_port, "admin_grpc", AdminSplitInterceptor(True))]
         for host, port, name, split in listeners:
             server, self.ports[name] = create_grpc_server(self.dataplane, s, ([split] if split else []) + interceptors,

@@ -12,9 +12,9 @@ from ..core.extensions import Command, parse_bool
 from ..core.plugins import create_plugin_manager
 from ..core.settings import ServerConfig
 from ..core.tensors import TensorLimits
-from ..observability.logs import LOG_SETTINGS
 from ..observability.tracing import TraceConfig
 from .admin_cli import add_admin_commands, run_admin_command
+from .triton_flags import add_triton_flags, install_logging, triton_settings
 
 
 def _bool(text: str) -> bool:
@@ -46,7 +46,10 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
     s.add_argument("--allow-http", type=_bool, default=True)
     s.add_argument("--allow-grpc", type=_bool, default=True)
     s.add_argument("--allow-metrics", type=_bool, default=True)
-    s.add_argument("--http-max-body-bytes", type=int, default=64 * 1024 * 1024)
+    s.add_argument("--http-max-body-bytes", "--http-max-input-size", type=int, default=64 * 1024 * 1024,
+                   dest="http_max_body_bytes", metavar="BYTES",
+                   help="largest HTTP request body, also once decompressed (Triton's --http-max-input-size; "
+                        "default: %(default)s)")
     s.add_argument("--grpc-max-message-bytes", type=int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent")
     limits = TensorLimits()
@@ -54,7 +57,7 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
                    help="most elements one input tensor may have")
     s.add_argument("--max-bytes-elements", type=int, default=limits.max_bytes_elements,
                    help="most elements one BYTES input tensor may have "
-                        "(each costs ~40 bytes of memory beyond its data)")
+                        "(each costs ~40 bytes of memory beyond its data; default: %(default)s)")
     s.add_argument("--max-bytes-element-size", type=int, default=limits.max_bytes_element_size,
                    help="longest BYTES element (e.g. a prompt's text) in bytes")
     s.add_argument("--max-stream-secs", type=float, default=3600.0,
@@ -75,7 +78,9 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
                    help="serve model-control RPCs (repository, trace, logging) only on this port")
     add_plugin_arguments(s, pm or create_plugin_manager())
     s.add_argument("--port-file", type=Path, help="write the bound ports as JSON here once serving")
-    s.add_argument("--log-verbose", type=int, default=0)
+    s.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL",
+                   help="verbose (DEBUG) lines when above 0 (default: %(default)s)")
+    add_triton_flags(s)
     s.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="log lines as text or as JSON objects (each with the request id)")
     s.add_argument("--trace-config", action="append", default=[], metavar="[opentelemetry,]<setting>=<value>",
@@ -123,15 +128,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(commands[args.command].run(args))
     if args.command != "serve":
         sys.exit(run_admin_command(args))
-    LOG_SETTINGS.install(args.log_format, args.log_verbose)
+    install_logging(args)
     try:
         trace = TraceConfig.parse(args.trace_config)
+        triton = triton_settings(args)
     except InvalidInput as e:
         parser.error(e.message)
+    except ValueError as e:
+        parser.error(str(e))
     settings = ServerConfig(
         model_repositories=args.model_repository, model_control_mode=args.model_control_mode,
         load_models=args.load_model, repository_poll_secs=args.repository_poll_secs,
-        strict_readiness=args.strict_readiness, strict_model_config=args.strict_model_config, host=args.host,
+        strict_readiness=args.strict_readiness, host=args.host,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,
@@ -140,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format,
         lora_adapter_roots=args.lora_adapter_root, exit_timeout_secs=args.exit_timeout_secs, admin_host=args.admin_host,
         admin_http_port=args.admin_http_port, admin_grpc_port=args.admin_grpc_port,
-        plugin_options=plugin_options(pm, args))
+        plugin_options=plugin_options(pm, args), **triton)
     try:
         pm.hook.modelplex_check_settings(settings=settings)
     except ValueError as e:
