@@ -29,7 +29,7 @@ __all__ = [
     "__version__",
     # the backend contract
     "BackendSpec", "ModelContext", "InstanceContext", "ModelInstance", "ModelDependency", "EngineStats",
-    "hookimpl",
+    "answer_each", "hookimpl",
     "InferRequest", "InferResponse", "InferTensor", "RequestedOutput",
     "ModelplexError", "InvalidInput", "NotFound", "Unavailable", "Unsupported", "InternalError",
     # model configs: Triton's schema, completion from a model file, tensor specs

@@ -18,6 +18,7 @@ from modelplex import (
     InvalidInput,
     ModelInstance,
     ModelplexError,
+    answer_each,
     check_config,
 )
 
@@ -77,13 +78,7 @@ class OnnxInstance(ModelInstance):
     def _execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
         """One run per request (the host merges a dynamic batch into one request beforehand); a
         request's own error is its entry, so the others still get their answers."""
-        results: list[InferResponse | ModelplexError] = []
-        for request in requests:
-            try:
-                results.append(self._execute_one(request))
-            except ModelplexError as e:
-                results.append(e)
-        return results
+        return answer_each(requests, self._execute_one)
 
     def _execute_one(self, request: InferRequest) -> InferResponse:
         names = [o.name for o in request.outputs] if request.outputs else self._output_names

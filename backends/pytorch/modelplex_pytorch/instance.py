@@ -21,6 +21,7 @@ from modelplex import (
     ModelInstance,
     ModelplexError,
     Unsupported,
+    answer_each,
     check_config,
     tensor_specs,
 )
@@ -83,13 +84,7 @@ class PyTorchInstance(ModelInstance):
     def _execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
         """One forward() per request (the host merges a dynamic batch into one request beforehand); a
         request's own error is its entry, so the others still get their answers."""
-        results: list[InferResponse | ModelplexError] = []
-        for request in requests:
-            try:
-                results.append(self._execute_one(request))
-            except ModelplexError as e:
-                results.append(e)
-        return results
+        return answer_each(requests, self._execute_one)
 
     def _execute_one(self, request: InferRequest) -> InferResponse:
         args: list[torch.Tensor | None] = [None] * len(self._positions)

@@ -149,6 +149,19 @@ class ModelInstance(ABC):
         return []
 
 
+def answer_each(requests: list[InferRequest],
+                run_one: Callable[[InferRequest], InferResponse]) -> list[InferResponse | ModelplexError]:
+    """`execute`'s contract for a backend that runs requests one at a time: each request's response, or
+    the `ModelplexError` it alone failed with (its batch mates still get their answers)."""
+    results: list[InferResponse | ModelplexError] = []
+    for request in requests:
+        try:
+            results.append(run_one(request))
+        except ModelplexError as e:
+            results.append(e)
+    return results
+
+
 @dataclass(frozen=True)
 class ModelDependency:
     """A model that a model calls (an ensemble's step): it loads first, and it cannot be unloaded
