@@ -10,7 +10,15 @@ __version__ = "0.1.0"
 
 from .core import params
 from .core.api_groups import ADMIN_GROUPS, API_GROUPS, grpc_group, http_group
-from .core.backend import BackendSpec, EngineStats, InstanceContext, ModelContext, ModelDependency, ModelInstance
+from .core.backend import (
+    BackendSpec,
+    EngineStats,
+    InstanceContext,
+    ModelContext,
+    ModelDependency,
+    ModelInstance,
+    answer_each,
+)
 from .core.errors import InternalError, InvalidInput, ModelplexError, NotFound, Unavailable, Unsupported
 from .core.extensions import AccessControl, Command, Denial, DeviceReport, GrpcTls, HttpTls, ServeOption, parse_bool
 from .core.hookspecs import hookimpl
