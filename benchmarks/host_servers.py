@@ -5,7 +5,6 @@ a descendant) holds the listening sockets: a readiness probe happily answers fro
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -85,10 +84,10 @@ def modelplex_spec(repository: Path, ports: dict[str, int]) -> ServerSpec:
     """Builds Triton's `simple` with examples/build_repository.py and serves it with `modelplex serve`."""
     if repository.exists():
         shutil.rmtree(repository)
-    spec = importlib.util.spec_from_file_location("build_repository", REPO_ROOT / "examples" / "build_repository.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.build(repository, ["simple"])
+    # The builder imports its sibling modules (sequence_models) as a script run from examples/ would.
+    subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "build_repository.py"), str(repository),
+                    "--models", "simple", "--force"],
+                   check=True, capture_output=True)
     exe = Path(sys.executable).with_name("modelplex")
     argv = [str(exe), "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
             "--http-port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
