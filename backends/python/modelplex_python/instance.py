@@ -70,7 +70,8 @@ class PythonInstance(ModelInstance):
         self._dead_reason: str | None = None
         init, timeout = worker_init(ictx)
         try:
-            self.worker = WorkerProcess.launch(self.title, init, timeout, self._on_message, self._on_exit)
+            self.worker = WorkerProcess.launch(self.title, init, timeout, self._on_message, self._on_exit,
+                                                  ictx.cancel.on_cancel)
         except RuntimeError as e:
             raise InvalidInput(f"model '{self.model_name}': {e}") from None
 
