@@ -5,7 +5,6 @@ little-endian length) or as typed `contents`; outputs always go back as `raw_out
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
@@ -65,10 +64,9 @@ def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None,
         raise Unsupported(f"input '{t.name}': shared memory inputs are not supported")
     shape = list(t.shape)
     if shape and min(shape) < 0:
-        raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape}")
-    count = math.prod(shape)
+        raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape!r:.200}")
     datatype = t.datatype
-    limits.check_count(t.name, datatype, count)
+    count = limits.check_shape(t.name, datatype, shape)
     if raw is not None:
         if t.HasField("contents"):
             raise InvalidInput(f"input '{t.name}' carries both raw_input_contents and typed contents")
