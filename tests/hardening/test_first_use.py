@@ -62,7 +62,7 @@ from pathlib import Path
 sys.path.insert(0, {examples!r})
 from build_repository import SMOLLM2_CONFIG, smollm2_gguf
 repo = Path(sys.argv[1])
-small = SMOLLM2_CONFIG.replace('"2048"', '"256"').replace('"134217728"', '"8388608"')
+small = SMOLLM2_CONFIG.replace('"2048"', '"256"').replace('"134217728"', '"16777216"')
 for name in ("llm_a", "llm_b"):
     (repo / name / "1").mkdir(parents=True)
     os.symlink(smollm2_gguf(), repo / name / "1" / "model.gguf")

@@ -170,7 +170,7 @@ class ModelManager:
         if name in chain:
             raise InvalidInput(f"models use each other: {' -> '.join(chain + (name,))}")
         if not files and name not in self.entries:
-            self.repository.locate(name)  # an unknown name is NotFound before any state is kept for it
+            self.repository.check_exists(name)  # an unknown name is NotFound before any state is kept for it
         entry = self.entries.setdefault(name, ModelEntry(name))
         token = _LOAD_CHAIN.set(chain + (name,))
         try:
@@ -502,6 +502,8 @@ class ModelManager:
             # A model whose load failed is tried again (and its error logged again) only once its files change.
             if entry is None or (entry.override_dir is None and entry.polled_fingerprint != fingerprint):
                 await self._load_logged(name)
+                if name in self.entries:  # also when the load failed before reading the folder
+                    self.entries[name].polled_fingerprint = fingerprint
         for name in list(self.entries):
             if name not in found and self.entries[name].versions and self.entries[name].override_dir is None:
                 await self._unload_with_users(name)  # gone from disk: models using it go too

@@ -21,6 +21,7 @@ from .validation import RequestValidator
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
+PROGRESS_EVERY_S = 30.0
 
 
 def _close_late_instance(future: asyncio.Future) -> None:
@@ -87,6 +88,7 @@ class ModelVersion:
         start = time.perf_counter()
         if deadline is None and timeout is not None:
             deadline = time.monotonic() + timeout
+        ticker = asyncio.ensure_future(self._still_loading())
         try:
             contexts = self._instance_contexts()
             for number, ictx in enumerate(contexts, 1):
@@ -99,6 +101,8 @@ class ModelVersion:
         except BaseException:
             await self._close_instances()
             raise
+        finally:
+            ticker.cancel()
         if self._initial_adapters:
             try:
                 await load_sources(self.adapters, self._initial_adapters)
@@ -139,6 +143,15 @@ class ModelVersion:
                                                     report_failure=self._report_failure,
                                                     report_progress=self.report_progress))
         return contexts
+
+    async def _still_loading(self) -> None:
+        """A long load (kernels compiling, weights streaming) says so every `PROGRESS_EVERY_S`, with
+        the last step its backend reported, so a log that goes quiet is not mistaken for a hang."""
+        start = time.monotonic()
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            log.info("model %s version %s still loading after %.0f s%s", self.name, self.version,
+                     time.monotonic() - start, f" (last: {self.reason})" if self.reason else "")
 
     def report_progress(self, message: str) -> None:
         """A loading step done (any thread): logged, and the LOADING version's reason meanwhile."""
