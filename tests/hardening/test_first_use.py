@@ -56,6 +56,36 @@ def test_the_first_instance_of_a_backend_is_created_alone_then_the_others_togeth
     assert max(n for _, n in rest) == 2  # the two others overlapped once the backend was warm
 
 
+def test_one_backends_long_first_use_does_not_hold_up_another(tmp_path, monkeypatch):
+    monkeypatch.setattr(load_threads, "_warm_backends", set())
+    for name, backend in (("held", "slow"), ("quick", "fast")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(CONFIG.format(name=name).replace('"probe"', f'"{backend}"'))
+    release, quick_ready = threading.Event(), []
+
+    def slow(ictx):
+        release.wait(10)
+        return Probe()
+
+    backends = {"slow": BackendSpec(name="slow", create_instance=slow),
+                "fast": BackendSpec(name="fast", create_instance=lambda ictx: Probe())}
+    manager = ModelManager(ServerConfig(model_repositories=[tmp_path]), backends)
+
+    async def run():
+        starting = asyncio.ensure_future(manager.start())
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if manager.entries.get("quick") and manager.entries["quick"].versions:
+                quick_ready.append(True)
+                break
+        release.set()
+        await starting
+        await manager.stop()
+
+    asyncio.run(run())
+    assert quick_ready, "the fast backend's first load waited for the slow backend's"
+
+
 TWO_LLMS_SCRIPT = r'''
 import sys, os
 from pathlib import Path

@@ -229,3 +229,7 @@ class BackendSpec:
     # Its instances may call other models through the data plane (ensembles, BLS). A backend that
     # never does gets a cheaper span per traced request: recorded after the fact, not made current.
     calls_models: bool = True
+    # The host runs this backend's first use in the process (its first auto_complete_config and
+    # create_instance, until one instance exists) alone, so lazy first imports cannot race. False for a
+    # backend whose model code runs in processes of its own (nothing to import here).
+    first_use_alone: bool = True

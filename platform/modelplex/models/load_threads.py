@@ -4,10 +4,11 @@ Reading configs and model files, auto-completing and creating instances touch th
 or user code, so none of it may run on the event loop (a slow `auto_complete_config`, a FIFO named
 config.pbtxt or a large ONNX file would stall health checks), nor on the shared default pool (a hung
 load would hold one of its threads for good). A backend's first use in the process (its first
-`auto_complete_config` and `create_instance` until one instance exists) runs alone, under one
-process-wide lock: lazily loaded packages (transformers, OpenVINO, xgrammar, compiled kernels) are not
+`auto_complete_config` and `create_instance` until one instance exists) runs alone, under that
+backend's lock: lazily loaded packages (transformers, OpenVINO, xgrammar, compiled kernels) are not
 safe to import from two threads at once, which made one of two LLMs starting together fail with
-`ImportError: cannot import name 'AutoTokenizer'`.
+`ImportError: cannot import name 'AutoTokenizer'`. The lock is per backend, so a long first load of one
+(an LLM compiling kernels, a Python model's slow initialize) never holds up another's.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from ..core.backend import LoadCancel
 from ..core.errors import Unavailable
 
 T = TypeVar("T")
-FIRST_USE_LOCK = threading.RLock()
 _warm_backends: set[str] = set()  # backends that created an instance in this process
+_first_use_locks: dict[str, threading.Lock] = {}
+_locks_lock = threading.Lock()
 _POLL_SECS = 0.2  # how often a thread waiting for the first-use lock checks whether its load was given up
 
 
@@ -44,14 +46,17 @@ def _settle(future: asyncio.Future, result, error: BaseException | None) -> None
 @contextlib.contextmanager
 def _first_use(backend: str | None, warms: bool, given_up: threading.Event):
     """Holds the first-use lock while `backend` has no instance in this process yet."""
+    if backend is not None:
+        with _locks_lock:
+            lock = _first_use_locks.setdefault(backend, threading.Lock())
     while True:
         if backend is None or backend in _warm_backends:
             yield
             return
-        if FIRST_USE_LOCK.acquire(timeout=_POLL_SECS):
+        if lock.acquire(timeout=_POLL_SECS):
             if backend not in _warm_backends:
                 break
-            FIRST_USE_LOCK.release()  # warmed meanwhile: no need to wait for the others
+            lock.release()  # warmed meanwhile: no need to wait for the others
         if given_up.is_set():
             raise Unavailable("given up while waiting for another load of a backend's first use")
     try:
@@ -59,7 +64,7 @@ def _first_use(backend: str | None, warms: bool, given_up: threading.Event):
         if warms:
             _warm_backends.add(backend)
     finally:
-        FIRST_USE_LOCK.release()
+        lock.release()
 
 
 async def in_thread(fn: Callable[[], T], what: str, deadline: float | None, timeout_message: str = "", *,

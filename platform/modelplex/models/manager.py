@@ -239,8 +239,9 @@ class ModelManager:
                                            deadline, late)
             await self._load_dependencies(entry.name, config, spec)
             # Auto-completion runs plugin (and, for Python models, user) code: serialized on a backend's first use.
+            first_use = spec.name if spec.first_use_alone else None
             new, keep, fingerprint = await in_thread(lambda: self._prepare(entry, location, config), entry.name,
-                                                     deadline, late, backend=spec.name)
+                                                     deadline, late, backend=first_use)
         except LoadTimeout as e:
             raise Unavailable(e.message) from None
         entry.loading = new

@@ -124,8 +124,8 @@ class ModelVersion:
             return await in_thread(lambda: self.spec.create_instance(ictx), ictx.name, deadline,
                                    f"model '{self.name}' version {self.version} did not finish loading within "
                                    f"{timeout:g} s (--model-load-timeout-secs)" if timeout else "",
-                                   backend=self.spec.name, warms=True, cancel=ictx.cancel,
-                                   on_late=_close_late_instance)
+                                   backend=self.spec.name if self.spec.first_use_alone else None, warms=True,
+                                   cancel=ictx.cancel, on_late=_close_late_instance)
         except LoadTimeout as e:
             raise Unavailable(e.message) from None
 
