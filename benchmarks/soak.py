@@ -2,8 +2,10 @@
 the LLM's backend serves them) LoRA adapters swapped; stops by itself, loopback only.
 
 Traffic (client threads in this process): `simple` and `minilm` over gRPC (tritonclient, answers
-checked), a second copy of `simple` that is unloaded and loaded again on purpose, and streaming
-completions from the LLM `smollm2` over `/v1/completions` (SSE). Meanwhile `simple` and `minilm` are
+checked), a second copy of `simple` that is unloaded and loaded again on purpose, streaming
+completions from the LLM `smollm2` over `/v1/completions` (SSE), and `simple` over gRPC streams that
+send as fast as the server takes requests, one reading at once and one reading slowly (each stream
+cancelled after 10 s with requests in flight). Meanwhile `simple` and `minilm` are
 reloaded with a changed config (new versions replace the old under traffic), `smollm2` is reloaded
 now and then, and adapters are loaded and unloaded when the model serves them.
 
@@ -123,6 +125,60 @@ def simple_worker(url: str, model: str, kind: str, rec: Recorder, windows: Windo
             rec.error(kind, "wrong sum")
             continue
         rec.ok(kind, time.perf_counter() - t0)
+
+
+def simple_request(i: int):
+    """A raw `simple` ModelInferRequest (a + b, a - b of [1, 16] INT32) and the sum it must give."""
+    from tritonclient.grpc import service_pb2
+
+    a = np.full((1, 16), i % 1000, np.int32)
+    msg = service_pb2.ModelInferRequest(model_name="simple", id=str(i))
+    for name in ("INPUT0", "INPUT1"):
+        msg.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        msg.raw_input_contents.append(a.tobytes())
+    return msg, a + a
+
+
+def stream_worker(url: str, rec: Recorder, windows: Windows, stop: threading.Event, read_delay: float) -> None:
+    """One gRPC ModelStreamInfer stream at a time, its requests sent as fast as the server takes them
+    (a flood: the server's per-stream bounds push back), its responses read every `read_delay` s (0: at
+    once; a slow reader otherwise). Each stream lives 10 s, then is cancelled with requests in flight."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    kind = "stream_flood" if read_delay == 0 else "slow_reader"
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(url))
+    counter = iter(range(1 << 62))
+    while not stop.is_set():
+        expected, sent_at, until = {}, {}, time.monotonic() + 10
+
+        def requests(expected=expected, sent_at=sent_at, until=until):
+            while not stop.is_set() and time.monotonic() < until:
+                msg, total = simple_request(next(counter))
+                expected[msg.id], sent_at[msg.id] = total, time.perf_counter()
+                yield msg
+
+        call = stub.ModelStreamInfer(requests())
+        try:
+            for response in call:
+                if response.error_message:
+                    classify(rec, windows, kind, "simple", "stream", response.error_message)
+                else:
+                    r = response.infer_response
+                    out = np.frombuffer(r.raw_output_contents[0], np.int32).reshape(1, 16)
+                    if not (out == expected.pop(r.id)).all():
+                        rec.error(kind, "wrong sum")
+                    else:
+                        rec.ok(kind, time.perf_counter() - sent_at.pop(r.id))
+                if read_delay:
+                    time.sleep(read_delay)
+                if time.monotonic() > until + 5:
+                    break
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                classify(rec, windows, kind, "simple", str(e.code()), e.details() or "")
+        finally:
+            call.cancel()
 
 
 def minilm_worker(url: str, reference: np.ndarray, rec: Recorder, windows: Windows, stop: threading.Event) -> None:
@@ -387,6 +443,10 @@ def main() -> None:
     parser.add_argument("--minilm-threads", type=int, default=16)
     parser.add_argument("--cycled-threads", type=int, default=4)
     parser.add_argument("--llm-threads", type=int, default=8)
+    parser.add_argument("--stream-floods", type=int, default=1,
+                        help="gRPC streams sending `simple` requests as fast as the server takes them")
+    parser.add_argument("--slow-readers", type=int, default=1,
+                        help="gRPC streams that flood requests but read a response only every 0.1 s")
     parser.add_argument("--llm-reload-secs", type=float, default=200.0)
     parser.add_argument("--quiet-secs", type=float, default=90.0,
                         help="no reloads or unloads start in the last this many seconds (traffic goes on)")
@@ -418,6 +478,9 @@ def main() -> None:
                                      daemon=True) for _ in range(args.minilm_threads)]
         threads += [threading.Thread(target=llm_worker, args=(base, i, rec, windows, stop, adapters), daemon=True)
                     for i in range(args.llm_threads)]
+        threads += [threading.Thread(target=stream_worker, args=(server.grpc_url, rec, windows, stop, delay),
+                                     daemon=True)
+                    for delay in [0.0] * args.stream_floods + [0.1] * args.slow_readers]
         end = args.warmup_secs + args.minutes * 60
         threads += [threading.Thread(target=churn, args=(server, adapter_root, rec, windows, stop, adapters,
                                                          llm_reloads(args), end - args.quiet_secs), daemon=True),
@@ -442,7 +505,8 @@ def main() -> None:
             "first_llm_reload": (llm_reloads(args) or [float("inf")])[0],
             "quiet_secs": args.quiet_secs,
             "threads": f"simple {args.simple_threads}, {CYCLED} {args.cycled_threads}, minilm {args.minilm_threads}, "
-                       f"LLM streams {args.llm_threads}"}
+                       f"LLM streams {args.llm_threads}, gRPC stream floods {args.stream_floods}, "
+                       f"slow readers {args.slow_readers}"}
     text, summary = report(rec, rss, meta)
     text += f"\nServer exit code after SIGTERM: {exit_code}.\n"
     (args.out / "soak.md").write_text(text)

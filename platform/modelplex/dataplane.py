@@ -16,6 +16,7 @@ from .core.tensors import InferRequest, InferResponse
 from .models.adapters import LORA_PARAMETER, AdapterSource, resolve_folder
 from .models.classification import classify, requested_classes
 from .models.manager import ModelManager
+from .models.memory import RequestMemory
 from .models.repository import check_name
 from .observability.logs import bind_request
 from .observability.tracing import Tracing
@@ -42,13 +43,18 @@ class DataPlane:
         self.tracing = Tracing(settings.trace)  # the front doors start a request's trace through it
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)  # this server's regions
         self.accepting = True  # False once shutdown starts: not ready, no new requests
+        self.request_memory = RequestMemory(settings.max_request_memory_bytes)  # the doors reserve bodies
 
     # ---- health and metadata ------------------------------------------------------------
     def live(self) -> bool:
         return True
 
     def ready(self) -> bool:
-        return self.accepting and (not self.settings.strict_readiness or self.manager.is_ready())
+        """Not before the startup load has ended (whatever its outcome; with strict readiness, every
+        model READY too), as Triton, whose ports open only then: a pod must not take traffic before
+        its models exist. Not once shutdown began."""
+        return self.accepting and self.manager.started and (not self.settings.strict_readiness
+                                                             or self.manager.is_ready())
 
     def metadata(self) -> dict:
         extensions = EXTENSIONS + [SHM_EXTENSION] if self.shared_memory.allowed else EXTENSIONS
@@ -181,6 +187,16 @@ class DataPlane:
             sums = instance.llm_metrics.latency_sums() if instance.llm_metrics is not None else {}
             out.append({**stats.to_dict(), **sums})
         return out
+
+    def engine_waiting(self) -> dict[tuple[str, str], int]:
+        """Requests waiting inside LLM engines (`EngineStats.num_waiting`) per (model, version) of
+        ready versions: the metrics count them as pending, as Triton's vLLM backend users expect."""
+        waiting: dict[tuple[str, str], int] = {}
+        for model, version, instance in self.ready_instances():
+            stats = instance.engine_stats()
+            if stats is not None and stats.num_waiting:
+                waiting[(model, version)] = waiting.get((model, version), 0) + stats.num_waiting
+        return waiting
 
     def ready_instances(self) -> Iterator[tuple[str, str, ModelInstance]]:
         """(model, version, instance) for every instance of every ready version: what a plugin's

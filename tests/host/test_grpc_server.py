@@ -27,6 +27,7 @@ def serve(tmp_path, test, **settings):
     dataplane, config = make_dataplane(tmp_path, **settings)
 
     async def main():
+        await dataplane.manager.start()  # the startup load (of an empty repository): ready from then on
         server, port = create_grpc_server(dataplane, config)
         await server.start()
         try:

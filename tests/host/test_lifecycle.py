@@ -65,7 +65,7 @@ def test_failed_model_does_not_affect_others(repo_copy):
     (broken / "config.pbtxt").write_text('name: "broken"\nbackend: "onnxruntime"\nmax_batch_size: 8\n')
     (broken / "1").mkdir()
     (broken / "1" / "model.onnx").write_bytes(b"this is not an onnx model")
-    with ServerProcess([repo_copy], "--strict-readiness", "false") as s:
+    with ServerProcess([repo_copy], "--strict-readiness", "false", "--exit-on-error=false") as s:
         client = httpclient.InferenceServerClient(s.http_url)
         rows = {r["name"]: r for r in client.get_model_repository_index()}
         assert rows["broken"]["state"] == "UNAVAILABLE" and rows["broken"]["reason"]
@@ -77,7 +77,7 @@ def test_failed_model_does_not_affect_others(repo_copy):
 def test_strict_readiness_reports_failed_model(repo_copy):
     (repo_copy / "broken").mkdir()
     (repo_copy / "broken" / "config.pbtxt").write_text("this is not pbtxt {")
-    with ServerProcess([repo_copy]) as s:
+    with ServerProcess([repo_copy], "--exit-on-error=false") as s:
         client = httpclient.InferenceServerClient(s.http_url)
         assert client.is_server_live() and not client.is_server_ready()
         assert client.is_model_ready("simple")

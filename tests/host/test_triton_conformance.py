@@ -93,7 +93,7 @@ def repo(tmp_path_factory, example_repo):
 
 @pytest.fixture(scope="module")
 def server(repo):
-    with ServerProcess([repo], "--model-control-mode", "explicit", "--load-model", "*",
+    with ServerProcess([repo], "--model-control-mode", "explicit", "--load-model", "*", "--exit-on-error=false",
                        "--http-header-forward-pattern", "^x-tenant|^priority$",
                        env={"MODELPLEX_PLUGINS": "onnx,python"}) as s:
         yield s

@@ -83,7 +83,7 @@ def write_text_models(repo: Path) -> None:
 
 @pytest.fixture(scope="module")
 def server(repo):
-    with ServerProcess([repo], "--model-control-mode", "explicit", "--load-model", "*") as server:
+    with ServerProcess([repo], "--model-control-mode", "explicit", "--load-model", "*", "--exit-on-error=false") as server:
         yield server
 
 

@@ -8,6 +8,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from helpers.python_clients import http_infer, inputs, stream, text
+from tritonclient.utils import InferenceServerException
 
 
 def eventually(check, timeout: float = 5) -> bool:
@@ -42,11 +43,16 @@ def test_a_model_that_is_not_decoupled_may_answer_through_the_response_sender(py
     assert http_infer(python_server, "faulty", MODE=text("sender")).as_numpy("OUT").tolist() == [1.0]
 
 
-def test_an_output_of_another_datatype_than_declared_is_passed_on_with_a_warning(python_server):
-    # Triton's Python backend does not convert or refuse it (its bls_decoupled example relies on that).
-    result = http_infer(python_server, "faulty", MODE=text("dtype"))
-    assert result.as_numpy("OUT").dtype == np.float64 and result.as_numpy("OUT").tolist() == [1.0]
-    assert "model 'faulty' returned output 'OUT' as FP64, its config declares FP32" in python_server.log()
+@pytest.mark.parametrize("mode, problem", [("dtype", "as FP64; its config declares FP32"),
+                                           ("shape", "of shape [2, 2]; its config declares [1]")])
+def test_an_output_other_than_declared_is_an_error_naming_it(python_server, mode, problem):
+    # A client reading the output as its config declares it would misread the bytes: a 500, not a 200.
+    with pytest.raises(InferenceServerException) as failed:
+        http_infer(python_server, "faulty", MODE=text(mode))
+    assert f"model 'faulty' returned output 'OUT' {problem}" in failed.value.message()
+    assert failed.value.status() == "500"
+    # The same worker keeps serving.
+    assert http_infer(python_server, "faulty", MODE=text("ok")).as_numpy("OUT").tolist() == [1.0]
 
 
 def test_a_failing_initialize_fails_the_load_with_its_message(python_server):

@@ -116,6 +116,9 @@ class LLMInstance(ModelInstance):
     def __init__(self, ictx: InstanceContext):
         from .engine.async_engine import AsyncLLMEngine
         from .engine.llm_engine import LLMEngine
+        from .engine.structured_output import preload
+
+        preload()  # here, not on a request's thread (see preload)
 
         device = "cuda:%d" % ictx.device_id if ictx.kind == "GPU" else ("cpu" if ictx.kind == "CPU" else None)
         self.max_queue_size = max_queue_size(ictx.model)

@@ -62,7 +62,7 @@ class PythonInstance(ModelInstance):
         self._state_outputs = {s.output_name for s in model.config.sequence_batching.state}
         self._report_failure = ictx.report_failure
         self._calls: dict[int, asyncio.Future | asyncio.Queue] = {}
-        self._datatype_warnings: set[tuple[str, str]] = set()
+        self._max_batch_size = model.config.max_batch_size
         self._bls_tasks: set[asyncio.Task] = set()  # held here: the loop keeps only weak references
         self._execute_context: contextvars.Context | None = None
         self._call_ids = itertools.count()
@@ -70,7 +70,8 @@ class PythonInstance(ModelInstance):
         self._dead_reason: str | None = None
         init, timeout = worker_init(ictx)
         try:
-            self.worker = WorkerProcess.launch(self.title, init, timeout, self._on_message, self._on_exit)
+            self.worker = WorkerProcess.launch(self.title, init, timeout, self._on_message, self._on_exit,
+                                                  ictx.cancel.on_cancel)
         except RuntimeError as e:
             raise InvalidInput(f"model '{self.model_name}': {e}") from None
 
@@ -176,18 +177,26 @@ class PythonInstance(ModelInstance):
             if self._output_types and declared is None and t["name"] not in self._state_outputs:
                 raise InternalError(f"model '{self.model_name}' returned output '{t['name']}', "
                                     "which its config does not declare")
-            if declared is not None and declared.datatype != t["datatype"]:
-                self._warn_datatype(t["name"], t["datatype"], declared.datatype)
+            if declared is not None:
+                self._check_output(t["name"], t["datatype"], t["shape"], declared)
             outputs.append(InferTensor(t["name"], t["datatype"], t["shape"], decode_tensor(t, buffers)))
         return InferResponse(self.model_name, "", outputs, parameters=desc.get("parameters") or {})
 
-    def _warn_datatype(self, name: str, datatype: str, declared: str) -> None:
-        """Triton's Python backend passes outputs on as the model made them (its own bls_decoupled
-        example answers INT64 for an INT32 output), so this is a warning, once per output and type."""
-        if (name, datatype) not in self._datatype_warnings:
-            self._datatype_warnings.add((name, datatype))
-            log.warning("model '%s' returned output '%s' as %s, its config declares %s; passed on as %s",
-                        self.model_name, name, datatype, declared, datatype)
+    def _check_output(self, name: str, datatype: str, shape: list[int], declared) -> None:
+        """An output must be what the config declares (datatype, and shape: the batch dimension when
+        max_batch_size > 0, then `dims` or its `reshape`, -1 matching any size): a client reading it as
+        declared would misread the bytes, so a mismatch fails the request with a 500 naming the output."""
+        if datatype != declared.datatype:
+            raise InternalError(f"model '{self.model_name}' returned output '{name}' as {datatype}; its config "
+                                f"declares {declared.datatype}")
+        batched = self._max_batch_size > 0
+        dims = tuple(shape[1:] if batched else shape)
+        if not (batched and not shape) and any(_fits(dims, expected) for expected in (declared.dims, declared.reshape)
+                                               if expected is not None):
+            return
+        expected = ([-1] if batched else []) + list(declared.dims)
+        raise InternalError(f"model '{self.model_name}' returned output '{name}' of shape {list(shape)}; its config "
+                            f"declares {expected}")
 
     # ---- from the worker's reader thread --------------------------------------------------
     def _on_message(self, header: dict, buffers: list) -> None:
@@ -231,6 +240,10 @@ class PythonInstance(ModelInstance):
 
 def _error_of(model_name: str, header: dict) -> InternalError:
     return InternalError(f"model '{model_name}' failed in execute: {header['message']}")
+
+
+def _fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    return len(shape) == len(dims) and all(d == e or e == -1 for d, e in zip(shape, dims))
 
 
 def _output_datatypes(config):

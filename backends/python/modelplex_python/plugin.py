@@ -18,5 +18,7 @@ def _auto_complete_config(ctx: ModelContext) -> None:
 
 @hookimpl
 def modelplex_backends():
+    # Model code runs in worker processes: no first imports here to keep apart (a slow initialize must not
+    # hold up the other Python models' loads).
     return [BackendSpec(name="python", default_model_filename="model.py", create_instance=_create_instance,
-                        auto_complete_config=_auto_complete_config)]
+                        auto_complete_config=_auto_complete_config, first_use_alone=False)]

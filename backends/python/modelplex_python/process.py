@@ -71,9 +71,20 @@ class WorkerProcess:
         threading.Thread(target=self._write, name=f"python-{title}-writer", daemon=True).start()
 
     @classmethod
-    def launch(cls, title: str, init: dict, timeout: float, on_message, on_exit) -> WorkerProcess:
-        """Start a worker and wait (blocking) until model.py initialised; raises RuntimeError with the cause."""
+    def launch(cls, title: str, init: dict, timeout: float, on_message, on_exit,
+               on_cancel: Callable[[Callable[[], None]], Callable[[], None]] | None = None) -> WorkerProcess:
+        """Start a worker and wait (blocking) until model.py initialised; raises RuntimeError with the cause.
+        `on_cancel` (the host's `InstanceContext.cancel.on_cancel`): a load the host gives up on kills
+        the worker, which ends this wait, instead of leaving it to finish its initialize unobserved."""
         proc, channel = start_worker(title)
+        forget = on_cancel(lambda: _kill(proc)) if on_cancel is not None else (lambda: None)
+        try:
+            return cls._handshake(title, proc, channel, init, timeout, on_message, on_exit)
+        finally:
+            forget()
+
+    @classmethod
+    def _handshake(cls, title, proc, channel, init, timeout, on_message, on_exit) -> WorkerProcess:
         try:
             channel.sock.settimeout(timeout)
             channel.send(init)
@@ -138,6 +149,14 @@ class WorkerProcess:
                     self.channel.sock.sendall(chunk)
             except OSError:
                 return  # the reader sees the same broken socket and reports the exit
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
 
 
 def kill_and_close(proc: subprocess.Popen, channel: Channel) -> None:

@@ -29,7 +29,7 @@ HTTP_ROUTES: list[tuple[re.Pattern, str]] = [(re.compile(pattern), group) for pa
     (r"/v2/repository(?:/.*)?|/v2/adapters(?:/.*)?|" + _MODEL + r"/adapters(?:/.*)?", "model-repository"),
     (r"/v1/(?:load|unload)_lora_adapter", "model-repository"),
     (r"/v2/(?:system|cuda)sharedmemory.*", "shared-memory"),
-    (r"/v2|/v2/devices|/openapi\.json|" + _MODEL + r"|/v1/models(?:/.+)?", "metadata"),
+    (r"/v2|/v2/devices|/openapi\.json|/docs|" + _MODEL + r"|/v1/models(?:/.+)?", "metadata"),
     # The status page: static files whose script calls the routes above (each checked on its own).
     (r"/|/ui(?:/.*)?", "metadata"),
 ]]

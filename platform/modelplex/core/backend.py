@@ -6,6 +6,7 @@ repository, model states, queues, batching and metrics; a backend only turns a l
 """
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,39 @@ class ModelContext:
         return self.version_path / self.config.default_model_filename
 
 
+class LoadCancel:
+    """Set by the host when it gives up on an instance's load (`--model-load-timeout-secs`): the
+    callbacks registered with `on_cancel` run then (at once if it is already set), on the host's
+    thread, so a backend can stop what the load started (a worker process) instead of leaving it
+    running in a thread nobody waits for. Safe from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self.is_set = False
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run `callback` when the load is cancelled; returns a function that forgets it (call it
+        once the load no longer needs stopping, e.g. when it succeeded)."""
+        with self._lock:
+            if not self.is_set:
+                self._callbacks.append(callback)
+                return lambda: self._forget(callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+    def set(self) -> None:
+        with self._lock:
+            self.is_set, callbacks, self._callbacks = True, self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
 @dataclass
 class InstanceContext:
     """One instance of an `instance_group`: which device it runs on and its index."""
@@ -61,6 +95,9 @@ class InstanceContext:
     # For a long load: what is done so far ("weights loaded in 2.1 s"). The host logs it and shows it
     # as the LOADING version's reason in the repository index. Safe to call from any thread.
     report_progress: Callable[[str], None] = field(default=lambda message: None, repr=False)
+    # Set when the host gives up on this load (it timed out): `cancel.on_cancel(stop)` to end what the
+    # load started (a process, a download) rather than leave it running unobserved.
+    cancel: LoadCancel = field(default_factory=LoadCancel, repr=False)
 
 
 @dataclass
@@ -205,3 +242,7 @@ class BackendSpec:
     # Its instances may call other models through the data plane (ensembles, BLS). A backend that
     # never does gets a cheaper span per traced request: recorded after the fact, not made current.
     calls_models: bool = True
+    # The host runs this backend's first use in the process (its first auto_complete_config and
+    # create_instance, until one instance exists) alone, so lazy first imports cannot race. False for a
+    # backend whose model code runs in processes of its own (nothing to import here).
+    first_use_alone: bool = True

@@ -33,6 +33,11 @@ class Unavailable(ModelplexError):
         self.retry_after = retry_after
 
 
+class Overloaded(Unavailable):
+    """The server is out of a resource shared by all requests (memory for request bodies): HTTP 503,
+    gRPC RESOURCE_EXHAUSTED."""
+
+
 class Unsupported(ModelplexError):
     status = 501
 

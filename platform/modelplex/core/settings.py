@@ -17,6 +17,8 @@ class ServerConfig:
     repository_poll_secs: float = 15.0
     strict_readiness: bool = True
     strict_model_config: bool = False
+    exit_on_error: bool = True  # a failed startup load ends the process (non-zero)
+    access_log: bool = False  # one log line per HTTP request and gRPC call
     host: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -26,6 +28,11 @@ class ServerConfig:
     allow_metrics: bool = True
     http_max_body_bytes: int = 64 * 1024 * 1024
     grpc_max_message_bytes: int = 64 * 1024 * 1024
+    # One ModelStreamInfer stream: requests it runs at once and responses queued for a client that reads
+    # slowly; when either is full the stream stops reading requests (gRPC's flow control holds the client).
+    grpc_stream_max_inflight: int = 64
+    grpc_stream_max_queued_responses: int = 64
+    max_request_memory_bytes: int = 1 << 30  # request bodies in flight, server-wide (0: no limit)
     tensor_limits: TensorLimits = field(default_factory=TensorLimits)  # per input tensor, at decode time
     max_stream_secs: float = 3600.0  # a stream still running after this ends with an error (0: no limit)
     unload_timeout_secs: float = 30.0

@@ -1,6 +1,7 @@
 """KServe v2 request/response objects as the data plane sees them: numpy tensors, no transport."""
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ TRITON_TO_CONFIG = {v: k for k, v in CONFIG_TO_TRITON.items() if k != "TYPE_BYTE
 
 
 BYTES_LENGTH = struct.Struct("<I")
+MAX_DIMS = 64  # numpy's own limit (NPY_MAXDIMS): a tensor of more dimensions cannot exist
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,19 @@ class TensorLimits:
     max_elements: int = 1 << 28  # --max-tensor-elements
     max_bytes_elements: int = 1 << 24  # --max-bytes-elements (above the 10M of Triton's own gRPC test)
     max_bytes_element_size: int = 64 << 20  # --max-bytes-element-size
+
+    def check_shape(self, name: str, datatype: str, shape: list[int]) -> int:
+        """The element count of a shape of non-negative integers, checked: at most `MAX_DIMS`
+        dimensions, the count within the limits, and in a tensor of no element (where numpy would
+        fail on it) no dimension above `max_elements` either."""
+        if len(shape) > MAX_DIMS:
+            raise InvalidInput(f"input '{name}' has {len(shape)} dimensions; a tensor may have at most {MAX_DIMS}")
+        count = math.prod(shape)
+        self.check_count(name, datatype, count)
+        if count == 0 and shape and max(shape) > self.max_elements:
+            raise InvalidInput(f"input '{name}' has a dimension of {max(shape)}; the server's limit is "
+                               f"{self.max_elements} elements (--max-tensor-elements)")
+        return count
 
     def check_count(self, name: str, datatype: str, count: int) -> None:
         if count > self.max_elements:

@@ -5,7 +5,6 @@ little-endian length) or as typed `contents`; outputs always go back as `raw_out
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
@@ -68,10 +67,9 @@ def decode_tensor(t: pb.ModelInferRequest.InferInputTensor, raw: bytes | None,
     params = t.parameters
     shape = list(t.shape)
     if shape and min(shape) < 0:
-        raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape}")
-    count = math.prod(shape)
+        raise InvalidInput(f"input '{t.name}' has a negative dimension in shape {shape!r:.200}")
     datatype = t.datatype
-    limits.check_count(t.name, datatype, count)
+    count = limits.check_shape(t.name, datatype, shape)
     if params and REGION in params:
         if t.HasField("contents"):
             raise InvalidInput(f"unexpected 'content' provided when using shared memory for input tensor "

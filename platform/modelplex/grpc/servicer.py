@@ -7,7 +7,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..core.errors import InvalidInput, NotFound
+from ..core.errors import InvalidInput, ModelplexError, NotFound
 from ..dataplane import DataPlane
 from ..observability.logs import LOG_SETTINGS
 from ..observability.trace_spans import share
@@ -59,19 +59,34 @@ class InferenceServicer(SharedMemoryRpcs, service_pb2_grpc.GRPCInferenceServiceS
         tracing = self.dataplane.tracing
         if tracing.enabled and tracing.sample(request.model_name):
             return await self._traced_infer(request, context)
-        limits = self.dataplane.settings.tensor_limits
-        return encode_response(await self.dataplane.infer(decode_request(request, limits)))
+        return await self._infer(request)
+
+    async def _infer(self, request):
+        """One unary infer, its message's size held in the server's request-memory budget meanwhile."""
+        memory, size = self.dataplane.request_memory, request.ByteSize()
+        memory.reserve(size)
+        try:
+            limits = self.dataplane.settings.tensor_limits
+            return encode_response(await self.dataplane.infer(decode_request(request, limits)))
+        finally:
+            memory.release(size)
 
     async def _traced_infer(self, request, context):
         attributes = self._server_span_attributes("ModelInfer", request.model_name)
         with self.dataplane.tracing.request_span(_SPAN_NAMES["ModelInfer"], attributes,
                                                  context.invocation_metadata() or ()):
-            limits = self.dataplane.settings.tensor_limits
-            return encode_response(await self.dataplane.infer(decode_request(request, limits)))
+            return await self._infer(request)
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Requests are served concurrently; responses go out as they come, errors as `error_message`."""
-        outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        """Requests are served concurrently; responses go out as they come, errors as `error_message`.
+
+        Bounded per stream: at most `grpc_stream_max_inflight` requests run and
+        `grpc_stream_max_queued_responses` responses wait for the client; when either is full the stream
+        stops reading requests, so gRPC's flow control holds the client back (a client that kept sending
+        4 MB requests to a slow model and never read drove the server from 121 MB to 5.1 GB)."""
+        settings = self.dataplane.settings
+        outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(
+            max(1, settings.grpc_stream_max_queued_responses))
         metadata = context.invocation_metadata() or ()
         reader = asyncio.create_task(self._read_stream(request_iterator, outbox, metadata))
         # A cancel that lands while grpc is sending leaves this generator suspended at `yield`, so its
@@ -86,20 +101,46 @@ class InferenceServicer(SharedMemoryRpcs, service_pb2_grpc.GRPCInferenceServiceS
 
     async def _read_stream(self, request_iterator, outbox: asyncio.Queue, metadata) -> None:
         tasks: set[asyncio.Task] = set()
+        slots = asyncio.Semaphore(max(1, self.dataplane.settings.grpc_stream_max_inflight))
+        memory = self.dataplane.request_memory
+
+        def done(task: asyncio.Task, size: int) -> None:
+            tasks.discard(task)
+            slots.release()
+            memory.release(size)
+
         try:
+            await slots.acquire()  # a slot before each read: none free, no read
             async for msg in request_iterator:
+                size = msg.ByteSize()
+                try:
+                    memory.reserve(size)
+                except ModelplexError as e:
+                    slots.release()
+                    await outbox.put(pb.ModelStreamInferResponse(error_message=e.message,
+                                                                 infer_response=_echo_ids(msg)))
+                    await slots.acquire()
+                    continue
                 one = self._stream_one(msg, outbox)
                 tracing = self.dataplane.tracing
                 if tracing.enabled and tracing.sample(msg.model_name):
                     one = self._traced_stream_one(msg, one, metadata)
                 task = asyncio.create_task(one)
                 tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            await asyncio.gather(*tasks)
-        finally:
+                task.add_done_callback(lambda t, size=size: done(t, size))
+                await slots.acquire()
+            while tasks:
+                await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
             for task in tasks:
                 task.cancel()
-            outbox.put_nowait(None)
+            raise
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await outbox.put(None)
+            raise
+        await outbox.put(None)
 
     async def _traced_stream_one(self, msg: pb.ModelInferRequest, one, metadata) -> None:
         """One stream request inside its own server span (every request of a stream shares its parent)."""
@@ -127,12 +168,12 @@ class InferenceServicer(SharedMemoryRpcs, service_pb2_grpc.GRPCInferenceServiceS
             version = request.model_version
             async for response in self.dataplane.stream(request):
                 version = response.model_version
-                outbox.put_nowait(stream_response(encode_response(response), is_final=not decoupled))
+                await outbox.put(stream_response(encode_response(response), is_final=not decoupled))
             if decoupled and request.parameters.get(ENABLE_EMPTY_FINAL):
                 empty = pb.ModelInferResponse(model_name=request.model_name, model_version=version, id=request.id)
-                outbox.put_nowait(stream_response(empty, is_final=True))
+                await outbox.put(stream_response(empty, is_final=True))
         except Exception as e:
-            outbox.put_nowait(pb.ModelStreamInferResponse(error_message=error_message(e)))
+            await outbox.put(pb.ModelStreamInferResponse(error_message=error_message(e)))
 
     # ---- statistics and repository ------------------------------------------------------
     @guarded
@@ -181,6 +222,11 @@ class InferenceServicer(SharedMemoryRpcs, service_pb2_grpc.GRPCInferenceServiceS
             field = {bool: "bool_param", int: "uint32_param", str: "string_param"}[type(value)]
             setattr(response.settings[key], field, value)
         return response
+
+
+def _echo_ids(msg: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    """The names a refused stream request's error carries, so the client can tell which one it was."""
+    return pb.ModelInferResponse(model_name=msg.model_name, model_version=msg.model_version, id=msg.id)
 
 
 def stream_response(response: pb.ModelInferResponse, is_final: bool) -> pb.ModelStreamInferResponse:

@@ -7,7 +7,7 @@ import math
 
 import grpc
 
-from ..core.errors import ModelplexError, Unavailable
+from ..core.errors import ModelplexError, Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +21,8 @@ STATUS_TO_CODE = {
 
 
 def status_code(error: ModelplexError) -> grpc.StatusCode:
+    if isinstance(error, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return STATUS_TO_CODE.get(error.status, grpc.StatusCode.INTERNAL)
 
 

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from ..core.settings import ServerConfig
 from ..dataplane import DataPlane
 from .adapter_routes import create_adapter_router
+from .docs_page import DOCS_HTML
 from .errors import install_error_handlers
 from .generate import create_generate_router
 from .infer import INFER_PATH, InferEndpoint
@@ -61,5 +62,9 @@ def create_http_app(dataplane: DataPlane, settings: ServerConfig, routers: list[
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi():
         return JSONResponse(document)
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        return HTMLResponse(DOCS_HTML)
 
     return FrontDoor(app, InferEndpoint(dataplane, settings), dataplane.tracing)

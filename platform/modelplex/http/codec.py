@@ -93,14 +93,12 @@ def _decode_input(item, view: memoryview, offset: int, size: int, limits: Tensor
         raise InvalidInput(f"input '{name}' has no 'datatype' string")
     if type(shape) is not list:
         raise InvalidInput(f"input '{name}' needs a 'shape' list of non-negative integers, got {shape!r}")
-    count = 1
     for d in shape:
         if type(d) is not int or d < 0:
-            raise InvalidInput(f"input '{name}' needs a 'shape' list of non-negative integers, got {shape!r}")
-        count *= d
+            raise InvalidInput(f"input '{name}' needs a 'shape' list of non-negative integers, got {shape!r:.200}")
     if datatype != "BYTES" and datatype not in _WIRE_DTYPES:
         raise InvalidInput(f"input '{name}' has unsupported datatype '{datatype}'")
-    limits.check_count(name, datatype, count)
+    count = limits.check_shape(name, datatype, shape)
     parameters = _dict(item.get("parameters"), f"input '{name}' parameters")
     binary_size = parameters.pop("binary_data_size", None)
     data = item.get("data")

@@ -40,24 +40,36 @@ class InferEndpoint:
     async def __call__(self, scope, receive, send, model: str, version: str | None) -> int | None:
         """Answers the request; returns the status sent (None: the client went away first)."""
         headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in _WANTED}
+        memory, held = self.dataplane.request_memory, [0]  # bytes held from before the read until the answer is sent
         try:
-            body = await read_body(receive, headers.get(b"content-length"), headers.get(b"content-encoding"),
-                                   self.max_body_bytes)
-            forwarded = self.forward.parameters(scope["headers"]) if self.forward is not None else None
-            response_headers, payload = await self._infer(body, headers, model, version or "", forwarded)
-            status = 200
-        except ClientGone:
-            return None
-        except ModelplexError as e:
-            status, response_headers, payload = e.status, list(_JSON_HEADERS), encode_error(e.message)
-            seconds = retry_after(e)
-            if seconds is not None:
-                response_headers.append((b"retry-after", seconds.encode()))
-        except Exception as e:
-            log.exception("infer on model %s failed", model)
-            status, response_headers, payload = 500, list(_JSON_HEADERS), encode_error(f"internal error: {e}")
-        await respond(send, status, response_headers, payload)
-        return status
+            try:
+                length = headers.get(b"content-length")
+                if length is not None:
+                    self._hold(held, min(parse_length(length, "Content-Length"), self.max_body_bytes + 1))
+                body = await read_body(receive, length, headers.get(b"content-encoding"), self.max_body_bytes)
+                self._hold(held, len(body) - held[0])  # chunked, or decompressed
+                forwarded = self.forward.parameters(scope["headers"]) if self.forward is not None else None
+                response_headers, payload = await self._infer(body, headers, model, version or "", forwarded)
+                status = 200
+            except ClientGone:
+                return None
+            except ModelplexError as e:
+                status, response_headers, payload = e.status, list(_JSON_HEADERS), encode_error(e.message)
+                seconds = retry_after(e)
+                if seconds is not None:
+                    response_headers.append((b"retry-after", seconds.encode()))
+            except Exception as e:
+                log.exception("infer on model %s failed", model)
+                status, response_headers, payload = 500, list(_JSON_HEADERS), encode_error(f"internal error: {e}")
+            await respond(send, status, response_headers, payload)
+            return status
+        finally:
+            memory.release(held[0])
+
+    def _hold(self, held: list[int], more: int) -> None:
+        if more > 0:
+            self.dataplane.request_memory.reserve(more)
+            held[0] += more
 
     async def traced(self, tracing: Tracing, scope, receive, send, model: str, version: str | None) -> None:
         """`__call__` inside the server span of a sampled request."""

@@ -7,6 +7,8 @@ needs no code generation step at build time.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from google.protobuf import descriptor, json_format, text_format
@@ -30,11 +32,26 @@ def parse_pbtxt(text: str, source: str = "config.pbtxt") -> pb.ModelConfig:
     return config
 
 
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def load_config_file(path: Path) -> pb.ModelConfig:
-    """The model's config.pbtxt, or an empty config when the file is absent (auto-complete fills it)."""
-    if not path.exists():
+    """The model's config.pbtxt, or an empty config when the file is absent (auto-complete fills it).
+    Only a regular file (symlinks followed) is read: opening a FIFO or a device would wait forever."""
+    try:  # O_NONBLOCK: opening a FIFO returns at once (then refused), instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
         return pb.ModelConfig()
-    return parse_pbtxt(path.read_text(encoding="utf-8"), str(path))
+    except OSError as e:
+        raise InvalidInput(f"{path} cannot be read: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidInput(f"{path} is not a regular file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise InvalidInput(f"{path} is {info.st_size} bytes; a config may have at most {MAX_CONFIG_BYTES}")
+        text = f.read(MAX_CONFIG_BYTES + 1).decode("utf-8", errors="replace")
+    return parse_pbtxt(text, str(path))
 
 
 def parse_json(text: str) -> pb.ModelConfig:
@@ -87,6 +104,7 @@ def validate(config: pb.ModelConfig) -> None:
     """Checks a complete config for what would make serving it fail later."""
     if config.max_batch_size < 0:
         raise InvalidInput(f"model '{config.name}': max_batch_size must be >= 0")
+    check_model_filename(config)
     for kind, tensors in (("input", config.input), ("output", config.output)):
         seen = set()
         for t in tensors:
@@ -106,6 +124,18 @@ def validate(config: pb.ModelConfig) -> None:
     if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
         raise InvalidInput(f"model '{config.name}': version_policy latest needs num_versions >= 1")
     config_rules.check(config)  # the rules Triton applies to every backend
+
+
+def check_model_filename(config: pb.ModelConfig) -> None:
+    """`default_model_filename` names a file inside the version folder: a relative path without `..`
+    (a config given through the load API must not make a backend open any file of the server)."""
+    name = config.default_model_filename
+    if not name:
+        return
+    parts = name.replace("\\", "/").split("/")
+    if "\x00" in name or os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in parts:
+        raise InvalidInput(f"model '{config.name}': default_model_filename {name!r} is outside the model's "
+                           "version folder (it must be a relative path without '..')")
 
 
 def _known_size(dims) -> int | None:

@@ -1,7 +1,8 @@
 """Model lifecycle: read configs, pick versions, load/unload/reload, poll the repository.
 
-Loads never block the event loop (instances are built in threads) and a reload brings new
-versions up before old ones go away, so requests in between keep being served.
+Loads never block the event loop (every step that reads files or runs plugin or user code runs on a
+thread of its own, `load_threads`) and a reload brings new versions up before old ones go away, so
+requests in between keep being served.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import contextvars
 import logging
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +22,7 @@ from ..core.settings import ServerConfig
 from ..observability.stats import ModelStats
 from . import config as mc
 from .adapters import AdapterSource, static_sources
+from .load_threads import LoadTimeout, in_thread
 from .memory import release_freed_memory_soon
 from .repository import ModelLocation, ModelRepository, check_name, confined
 from .version import ModelVersion
@@ -45,6 +48,9 @@ class ModelEntry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     override_dir: Path | None = None
     loading: dict[int, ModelVersion] = field(default_factory=dict)  # versions being loaded, for the index
+    # The repository folder's fingerprint at the last load from it, whatever its outcome: poll mode
+    # reloads (and logs a failure again) only once the files change.
+    polled_fingerprint: str = ""
 
 
 class ModelManager:
@@ -53,6 +59,10 @@ class ModelManager:
         self.repository = ModelRepository(settings.model_repositories)
         self.entries: dict[str, ModelEntry] = {}
         self._poll_task: asyncio.Task | None = None
+        # The startup load (the models of `--model-control-mode` / `--load-model`) has ended, whatever
+        # its outcome: until then the server is not ready. Names that failed it, with their reasons.
+        self.started = False
+        self.startup_failures: dict[str, str] = {}
         self.dataplane = dataplane  # the DataPlane that owns this manager, given to backends (ensembles, BLS)
         for backend in settings.backend_config:
             if backend not in backends:
@@ -121,34 +131,51 @@ class ModelManager:
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
+        """Load the startup set (every model, or `--load-model`'s in explicit mode); failures are
+        logged and kept in `startup_failures`. Then the table of what loaded, and polling if asked."""
         mode = self.settings.model_control_mode
-        names = list(self.repository.scan())
+        names = list(await asyncio.to_thread(self.repository.scan))
         if mode == "explicit":
-            wanted = names if "*" in self.settings.load_models else self.settings.load_models
+            wanted = names if "*" in self.settings.load_models else list(dict.fromkeys(self.settings.load_models))
         else:
             wanted = names
         # --model-load-thread-count: how many models load at once (their steps, e.g. an ensemble's,
         # load inside their user's turn, so nested loads never wait for a turn of their own)
         turns = asyncio.Semaphore(max(1, self.settings.model_load_thread_count))
 
-        async def load_in_turn(name: str) -> None:
+        async def load_in_turn(name: str) -> str | None:
             async with turns:
-                await self._load_logged(name)
+                return await self._load_logged(name)
 
-        await asyncio.gather(*(load_in_turn(n) for n in wanted))
+        results = await asyncio.gather(*(load_in_turn(n) for n in wanted))
+        self.startup_failures = {n: reason for n, reason in zip(wanted, results) if reason is not None}
+        self.started = True
+        log.info("startup load ended: %d model(s) loaded, %d failed\n%s", len(wanted) - len(self.startup_failures),
+                 len(self.startup_failures), self.table())
         if mode == "poll":
             self._poll_task = asyncio.create_task(self._poll_loop())
+
+    def table(self) -> str:
+        """The repository index as a table for the log: model, version, state, reason."""
+        rows = [(r["name"], r.get("version", "-"), r.get("state", "-"), r.get("reason", "")) for r in self.index()]
+        header = ("MODEL", "VERSION", "STATE", "REASON")
+        widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(3)]
+        return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) + "  " + row[3]
+                         for row in [header, *rows])
 
     async def stop(self) -> None:
         if self._poll_task:
             self._poll_task.cancel()
         await asyncio.gather(*(self._unload_entry(n) for n in list(self.entries)), return_exceptions=True)
 
-    async def _load_logged(self, name: str) -> None:
+    async def _load_logged(self, name: str) -> str | None:
+        """Load `name`, logging a failure; returns its reason (None when it loaded)."""
         try:
             await self.load(name)
         except ModelplexError as e:
             log.error("%s", e.message)  # "failed to load '<name>': ..."
+            return e.message
+        return None
 
     async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
         """Load or reload `name` (optionally with an overriding config and files, as Triton's load API)."""
@@ -159,7 +186,7 @@ class ModelManager:
         token = _LOAD_CHAIN.set(chain + (name,))
         try:
             if not files and name not in self.entries:
-                self.repository.locate(name)  # an unknown name is NotFound before any state is kept for it
+                self.repository.check_exists(name)  # an unknown name is NotFound before any state is kept for it
             entry = self.entries.setdefault(name, ModelEntry(name))
             await self._load_locked(entry, name, config_json, files)
         except ModelplexError as e:
@@ -177,23 +204,24 @@ class ModelManager:
             scratch = None
             try:
                 if files:
-                    scratch = self._write_override(name, config_json, files)
+                    scratch = await asyncio.to_thread(self._write_override, name, config_json, files)
                     location = ModelLocation(name, scratch)
                 else:
-                    location = self.repository.locate(name)
+                    location = await asyncio.to_thread(self.repository.locate, name)
+                    entry.polled_fingerprint = await asyncio.to_thread(location.fingerprint)
                 await self._load_versions(entry, location, config_json)
             except ModelplexError as e:
                 entry.error = e.message
-                self._drop(scratch)  # the versions serving keep their own files
+                await asyncio.to_thread(self._drop, scratch)  # the versions serving keep their own files
                 raise
             except Exception as e:
                 entry.error = f"failed to load '{name}': {e}"
                 log.exception("loading %s", name)
-                self._drop(scratch)
+                await asyncio.to_thread(self._drop, scratch)
                 raise InvalidInput(entry.error) from e
             # Loaded: the previous override's files are no longer anyone's.
             if entry.override_dir is not None and entry.override_dir != scratch:
-                self._drop(entry.override_dir)
+                await asyncio.to_thread(self._drop, entry.override_dir)
             entry.override_dir = scratch
 
     def _write_override(self, name: str, config_json: str | None, files: dict[str, bytes]) -> Path:
@@ -225,26 +253,24 @@ class ModelManager:
             shutil.rmtree(folder, ignore_errors=True)
 
     async def _load_versions(self, entry: ModelEntry, location: ModelLocation, config_json: str | None) -> None:
-        config = (mc.parse_json(config_json) if config_json is not None
-                  else mc.load_config_file(location.config_path))
-        self._check_name(config, location)
-        await self._load_dependencies(entry.name, config, self._backend_for(config, location))
-        spec = self._complete(config, location)
-        versions = mc.select_versions(config, location.versions())
-        if not versions:
-            raise InvalidInput(f"model '{entry.name}' has no version folder that its version_policy selects")
-        keep, new = {}, {}
-        for v in versions:
-            fp = location.fingerprint(v) + mc.to_json(config)
-            old = entry.versions.get(v)
-            if old is not None and old.is_ready and old.fingerprint == fp:
-                keep[v] = old
-            else:
-                new[v] = self._new_version(entry.name, v, location, config, spec, fp)
+        timeout = self.settings.model_load_timeout_secs or None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        late = (f"model '{entry.name}' did not finish loading within {timeout:g} s (--model-load-timeout-secs)"
+                if timeout else "")
+        try:
+            config, spec = await in_thread(lambda: self._read_config(location, config_json), f"{entry.name}-config",
+                                           deadline, late)
+            await self._load_dependencies(entry.name, config, spec)
+            # Auto-completion runs plugin (and, for Python models, user) code: serialized on a backend's first use.
+            first_use = spec.name if spec.first_use_alone else None
+            new, keep, fingerprint = await in_thread(lambda: self._prepare(entry, location, config), entry.name,
+                                                     deadline, late, backend=first_use)
+        except LoadTimeout as e:
+            raise Unavailable(e.message) from None
         entry.loading = new
         try:
-            results = await asyncio.gather(*(mv.load(self.settings.model_load_timeout_secs or None)
-                                             for mv in new.values()), return_exceptions=True)
+            results = await asyncio.gather(*(mv.load(timeout, deadline) for mv in new.values()),
+                                           return_exceptions=True)
         finally:
             entry.loading = {}
         failures = {v: r for v, r in zip(new, results) if isinstance(r, BaseException)}
@@ -261,11 +287,35 @@ class ModelManager:
         old_versions = [mv for v, mv in entry.versions.items() if keep.get(v) is not mv]
         entry.versions = dict(sorted((keep | new).items()))
         entry.failed, entry.error = {}, ""
-        entry.fingerprint = location.fingerprint()
+        entry.fingerprint = fingerprint
         for mv in old_versions:
             await self._retire(mv)
         if new and old_versions:
             await self._rebuild_users(entry.name)
+
+    def _read_config(self, location: ModelLocation, config_json: str | None) -> tuple[object, BackendSpec]:
+        """The model's config (the load request's, or its config.pbtxt) and its backend (on a thread)."""
+        config = (mc.parse_json(config_json) if config_json is not None
+                  else mc.load_config_file(location.config_path))
+        self._check_name(config, location)
+        return config, self._backend_for(config, location)
+
+    def _prepare(self, entry: ModelEntry, location: ModelLocation, config) -> tuple[dict, dict, str]:
+        """Complete the config, pick its versions and build the new ones (on a thread): (new versions
+        to load, ready versions kept as they are, the folder's fingerprint)."""
+        spec = self._complete(config, location)
+        versions = mc.select_versions(config, location.versions())
+        if not versions:
+            raise InvalidInput(f"model '{entry.name}' has no version folder that its version_policy selects")
+        keep, new = {}, {}
+        for v in versions:
+            fp = location.fingerprint(v) + mc.to_json(config)
+            old = entry.versions.get(v)
+            if old is not None and old.is_ready and old.fingerprint == fp:
+                keep[v] = old
+            else:
+                new[v] = self._new_version(entry.name, v, location, config, spec, fp)
+        return new, keep, location.fingerprint()
 
     # ---- dependencies (an ensemble's steps): they load first and cannot go while a user is loaded
     async def _load_dependencies(self, name: str, config, spec: BackendSpec) -> None:
@@ -338,6 +388,7 @@ class ModelManager:
     def _complete(self, config, location: ModelLocation) -> BackendSpec:
         """Fill the config as Triton does without --strict-model-config; returns the backend for it."""
         spec = self._backend_for(config, location)
+        mc.check_model_filename(config)  # before auto-complete opens the file it names
         if not config.backend:
             config.backend = spec.name
         if not config.platform and spec.platforms:
@@ -479,11 +530,15 @@ class ModelManager:
                 log.exception("repository poll failed")
 
     async def poll_once(self) -> None:
-        found = self.repository.scan()
-        for name, location in found.items():
+        found = await asyncio.to_thread(lambda: {name: location.fingerprint()
+                                                 for name, location in self.repository.scan().items()})
+        for name, fingerprint in found.items():
             entry = self.entries.get(name)
-            if entry is None or (entry.override_dir is None and entry.fingerprint != location.fingerprint()):
+            # A model whose load failed is tried again (and its error logged again) only once its files change.
+            if entry is None or (entry.override_dir is None and entry.polled_fingerprint != fingerprint):
                 await self._load_logged(name)
+                if name in self.entries:  # also when the load failed before reading the folder
+                    self.entries[name].polled_fingerprint = fingerprint
         for name in list(self.entries):
             if name not in found and self.entries[name].versions and self.entries[name].override_dir is None:
                 await self._unload_with_users(name)  # gone from disk: models using it go too

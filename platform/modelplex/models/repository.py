@@ -74,9 +74,10 @@ class ModelRepository:
     """One or more repository folders; a model name must be unique across them."""
 
     def __init__(self, roots: list[Path]):
-        self.roots = [Path(r).resolve() for r in roots]
+        self.roots = list(dict.fromkeys(Path(r).resolve() for r in roots))  # one given twice is one
 
     def scan(self) -> dict[str, ModelLocation]:
+        """Every model folder (a name in two repositories is listed once; loading it fails, naming both)."""
         models: dict[str, ModelLocation] = {}
         for root in self.roots:
             if not root.is_dir():
@@ -86,11 +87,18 @@ class ModelRepository:
                     models.setdefault(entry.name, ModelLocation(entry.name, Path(entry.path)))
         return models
 
+    def check_exists(self, name: str) -> None:
+        check_name(name)
+        if not any((root / name).is_dir() for root in self.roots):
+            raise NotFound(f"model '{name}' is not in the model repository")
+
     def locate(self, name: str) -> ModelLocation:
         check_name(name)
-        for root in self.roots:
-            path = root / name
-            if path.is_dir():
-                confined(root, name)
-                return ModelLocation(name, path)
+        found = [root / name for root in self.roots if (root / name).is_dir()]
+        if len(found) > 1:
+            raise InvalidInput(f"model '{name}' is in more than one model repository: "
+                               + " and ".join(str(path) for path in found))
+        if found:
+            confined(found[0].parent, name)
+            return ModelLocation(name, found[0])
         raise NotFound(f"model '{name}' is not in the model repository")

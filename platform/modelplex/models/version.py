@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import enum
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -19,19 +17,12 @@ from ..scheduling.sequence_batcher import SequenceBatcher
 from ..scheduling.sequence_config import sequence_settings
 from .adapters import AdapterSource, ModelAdapters, load_sources
 from .classification import load_labels
+from .load_threads import LoadTimeout, in_thread
 from .validation import RequestValidator
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
-
-
-def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+PROGRESS_EVERY_S = 30.0
 
 
 def _close_late_instance(future: asyncio.Future) -> None:
@@ -91,12 +82,15 @@ class ModelVersion:
             return DynamicBatcher(config, self._idle, stats, spec.merges_batches)
         return None
 
-    async def load(self, timeout: float | None = None) -> None:
+    async def load(self, timeout: float | None = None, deadline: float | None = None) -> None:
         """Create every instance of every instance_group off the event loop, within `timeout`
-        seconds in all (`--model-load-timeout-secs`); on failure the instances made so far close."""
+        seconds in all (`--model-load-timeout-secs`; `deadline`, on `time.monotonic()`, when the load
+        began earlier); on failure the instances made so far close."""
         self._loop = asyncio.get_running_loop()
         start = time.perf_counter()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if deadline is None and timeout is not None:
+            deadline = time.monotonic() + timeout
+        ticker = asyncio.ensure_future(self._still_loading())
         try:
             self.labels = await asyncio.to_thread(load_labels, self.config, self.ctx.model_path)
             contexts = self._instance_contexts()
@@ -110,6 +104,8 @@ class ModelVersion:
         except BaseException:
             await self._close_instances()
             raise
+        finally:
+            ticker.cancel()
         if self._initial_adapters:
             try:
                 await load_sources(self.adapters, self._initial_adapters)
@@ -121,30 +117,20 @@ class ModelVersion:
         self.stats.load_seconds = time.perf_counter() - start
         if self.state is ModelState.LOADING:  # not if an instance already died
             self.state, self.reason = ModelState.READY, ""
+            log.info("model %s version %s ready in %.1f s", self.name, self.version, self.stats.load_seconds)
 
     async def _create_instance(self, ictx: InstanceContext, deadline: float | None, timeout: float | None):
         """`create_instance` on a thread of its own: a load that hangs holds only that thread, never
-        the shared pool. Past the deadline the load fails; should the instance still appear later,
-        it is closed at once (a thread cannot be stopped from outside)."""
-        future = self._loop.create_future()
-        context = contextvars.copy_context()  # as asyncio.to_thread does
-
-        def create() -> None:
-            try:
-                result = context.run(self.spec.create_instance, ictx)
-            except BaseException as e:
-                self._loop.call_soon_threadsafe(_settle, future, None, e)
-            else:
-                self._loop.call_soon_threadsafe(_settle, future, result, None)
-
-        threading.Thread(target=create, name=f"load-{ictx.name}", daemon=True).start()
+        the shared pool. Past the deadline the load fails and is cancelled (`ictx.cancel`: the backend
+        stops what it started); should the instance still appear later, it is closed at once."""
         try:
-            return await asyncio.wait_for(asyncio.shield(future), None if deadline is None
-                                          else max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            future.add_done_callback(_close_late_instance)
-            raise Unavailable(f"model '{self.name}' version {self.version} did not finish loading within "
-                              f"{timeout:g} s (--model-load-timeout-secs)") from None
+            return await in_thread(lambda: self.spec.create_instance(ictx), ictx.name, deadline,
+                                   f"model '{self.name}' version {self.version} did not finish loading within "
+                                   f"{timeout:g} s (--model-load-timeout-secs)" if timeout else "",
+                                   backend=self.spec.name if self.spec.first_use_alone else None, warms=True,
+                                   cancel=ictx.cancel, on_late=_close_late_instance)
+        except LoadTimeout as e:
+            raise Unavailable(e.message) from None
 
     def _instance_contexts(self) -> list[InstanceContext]:
         from tritonclient.grpc import model_config_pb2 as pb
@@ -160,6 +146,15 @@ class ModelVersion:
                                                     report_failure=self._report_failure,
                                                     report_progress=self.report_progress))
         return contexts
+
+    async def _still_loading(self) -> None:
+        """A long load (kernels compiling, weights streaming) says so every `PROGRESS_EVERY_S`, with
+        the last step its backend reported, so a log that goes quiet is not mistaken for a hang."""
+        start = time.monotonic()
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            log.info("model %s version %s still loading after %.0f s%s", self.name, self.version,
+                     time.monotonic() - start, f" (last: {self.reason})" if self.reason else "")
 
     def report_progress(self, message: str) -> None:
         """A loading step done (any thread): logged, and the LOADING version's reason meanwhile."""

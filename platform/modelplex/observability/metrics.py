@@ -6,10 +6,11 @@ live on a `CollectorRegistry` owned by the server instance and are appended to t
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -37,6 +38,7 @@ _FAMILIES: list[tuple[str, str, str, Callable[[ModelStats], float]]] = [
      lambda s: s.phases["compute_infer"].ns // 1000),
     ("nv_inference_compute_output_duration_us", "counter", "Cumulative compute output duration in microseconds",
      lambda s: s.phases["compute_output"].ns // 1000),
+    # Plus the requests waiting inside LLM engines (`triton_metrics_text`'s `engine_waiting`).
     ("nv_inference_pending_request_count", "gauge",
      "Instantaneous number of pending requests awaiting execution per-model", lambda s: s.pending),
     ("nv_model_load_duration_secs", "gauge", "Model load time in seconds", lambda s: s.load_seconds),
@@ -44,6 +46,7 @@ _FAMILIES: list[tuple[str, str, str, Callable[[ModelStats], float]]] = [
 
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+PENDING = "nv_inference_pending_request_count"
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -52,14 +55,20 @@ def _labels(labels: dict[str, str]) -> str:
     return "{" + inner + "}"
 
 
-def triton_metrics_text(all_stats: Iterable[ModelStats]) -> str:
+def triton_metrics_text(all_stats: Iterable[ModelStats],
+                        engine_waiting: dict[tuple[str, str], int] | None = None) -> str:
     """Triton's families in Prometheus text format. Written by hand because prometheus_client
-    renames counters to `*_total`, which would break dashboards built on Triton's names."""
+    renames counters to `*_total`, which would break dashboards built on Triton's names.
+    `engine_waiting`: requests waiting inside LLM engines per (model, version), counted as pending
+    (an engine takes requests into its own queue at once, so the host's count alone stays near 0)."""
     all_stats = list(all_stats)
+    engine_waiting = engine_waiting or {}
     lines = []
     for name, kind, doc, read in _FAMILIES:
         lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}"]
-        lines += [f"{name}{_labels({'model': s.name, 'version': s.version})} {float(read(s))}" for s in all_stats]
+        for s in all_stats:
+            value = read(s) + (engine_waiting.get((s.name, s.version), 0) if name == PENDING else 0)
+            lines.append(f"{name}{_labels({'model': s.name, 'version': s.version})} {float(value)}")
     name = "nv_inference_request_failure"
     lines += [f"# HELP {name} Number of failed inference requests, all batch sizes", f"# TYPE {name} counter"]
     for s in all_stats:
@@ -115,38 +124,74 @@ def register_plugin_collectors(pm, dataplane, registry: CollectorRegistry) -> No
 
 
 class MetricsServer:
-    """`GET /metrics` on its own port: Triton's families plus whatever is in `registry` (histograms etc.)."""
+    """`GET /metrics` on its own port: Triton's families plus whatever is in `registry` (histograms etc.).
+
+    Served by asyncio on the server's loop (an idle connection costs a coroutine, not a thread: 500
+    idle connections made 500 threads), at most `max_connections` at once: beyond, the connection that
+    has waited longest without sending its request is closed (so idle ones cannot lock a scraper out),
+    and each request must arrive within `timeout` seconds. The page is rendered on a worker thread
+    (collectors read engines and devices), one render at a time.
+    """
 
     def __init__(self, host: str, port: int, stats_source: Callable[[], Iterable[ModelStats]],
-                 registry: CollectorRegistry):
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404)
-                    return
-                body = outer.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
+                 registry: CollectorRegistry, max_connections: int = 256, timeout: float = 10.0,
+                 engine_waiting: Callable[[], dict[tuple[str, str], int]] = dict):
+        self.engine_waiting = engine_waiting
+        self.host, self.requested_port = host, port
         self.stats_source, self.registry = stats_source, registry
+        self.max_connections, self.timeout = max_connections, timeout
         self.cpu, self.gpu = CpuMetrics(), GpuMetrics()
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_port
-        threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True).start()
+        self.num_connections = self.num_evicted = 0
+        self._waiting: dict[asyncio.StreamWriter, None] = {}  # connections not past their request yet, oldest first
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._render_lock = threading.Lock()
+
+    async def start(self) -> None:
+        """Bind and listen; an OSError (port in use) propagates."""
+        self._server = await asyncio.start_server(self._serve, self.host, self.requested_port, backlog=128)
+        self.port = self._server.sockets[0].getsockname()[1]
 
     def render(self) -> str:
-        return (triton_metrics_text(self.stats_source()) + self.cpu.text() + self.gpu.text()
-                + generate_latest(self.registry).decode())
+        with self._render_lock:
+            return (triton_metrics_text(self.stats_source(), self.engine_waiting()) + self.cpu.text() + self.gpu.text()
+                    + generate_latest(self.registry).decode())
 
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.num_connections >= self.max_connections and self._waiting:
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            self.num_evicted += 1
+            oldest.transport.abort()  # its read ends at once
+        self.num_connections += 1
+        self._waiting[writer] = None
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout)
+            self._waiting.pop(writer, None)
+            method, _, rest = head.partition(b" ")
+            path = rest.partition(b" ")[0].split(b"?")[0]
+            if method not in (b"GET", b"HEAD"):
+                status, body, kind = b"405 Method Not Allowed", b"", b"text/plain"
+            elif path != b"/metrics":
+                status, body, kind = b"404 Not Found", b"not found\n", b"text/plain"
+            else:
+                page = (await asyncio.to_thread(self.render)).encode()
+                status, body, kind = b"200 OK", page, CONTENT_TYPE_LATEST.encode()
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind + b"\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n"
+                         + (body if method != b"HEAD" else b""))
+            await asyncio.wait_for(writer.drain(), self.timeout)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass  # idle, cut short or oversized: dropped
+        except Exception:
+            log.exception("metrics request failed")
+        finally:
+            self._waiting.pop(writer, None)
+            self.num_connections -= 1
+            writer.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)

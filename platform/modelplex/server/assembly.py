@@ -29,11 +29,29 @@ UNLOAD_GRACE_SECS = 5.0
 FLUSH_GRACE_SECS = 2.0
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+class StartupError(Exception):
+    """A start that cannot go on (a port in use, a missing repository, a failed startup load with
+    --exit-on-error): one line for the operator, no traceback, a non-zero exit."""
+
+
+# The flag that sets each listener's port, for errors about it.
+PORT_FLAGS = {"http": "--http-port", "admin_http": "--admin-http-port", "grpc": "--grpc-port",
+              "admin_grpc": "--admin-grpc-port", "metrics": "--metrics-port"}
+
+
+def cannot_listen(name: str, host: str, port: int, reason: str) -> StartupError:
+    return StartupError(f"cannot listen on {host}:{port} ({PORT_FLAGS.get(name, name)}): {reason}")
+
+
+def bind_socket(host: str, port: int, name: str = "http") -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise cannot_listen(name, host, port, e.strerror or str(e)) from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -66,16 +84,33 @@ class Server:
         self._metrics_httpd = None
 
     async def start(self) -> None:
-        """Open the listeners first (so liveness answers during long loads), then load models."""
+        """Open the listeners first (so liveness answers during long loads; readiness waits for the
+        startup load), then load models. Raises StartupError for what an operator must fix."""
         s = self.settings
+        for root in s.model_repositories:
+            if not Path(root).is_dir():
+                message = f"model repository {root} does not exist or is not a folder (--model-repository)"
+                if s.exit_on_error:
+                    raise StartupError(message)
+                log.error("%s; serving on (--exit-on-error=false)", message)
         if s.allow_http:
             await self._start_http()
         if s.allow_grpc:
             await self._start_grpc()
         if s.allow_metrics:
-            self._metrics_httpd = MetricsServer(s.host, s.metrics_port, self.manager.loaded_stats, self.registry)
+            self._metrics_httpd = MetricsServer(s.host, s.metrics_port, self.manager.loaded_stats, self.registry,
+                                                engine_waiting=self.dataplane.engine_waiting)
+            try:
+                await self._metrics_httpd.start()
+            except OSError as e:
+                raise cannot_listen("metrics", s.host, s.metrics_port, e.strerror or str(e)) from None
             self.ports["metrics"] = self._metrics_httpd.port
+            log.info("metrics listening on %s:%d", s.host, self.ports["metrics"])
         await self.manager.start()
+        failures = self.manager.startup_failures
+        if failures and s.exit_on_error:
+            raise StartupError(f"{len(failures)} model(s) failed to load at startup (--exit-on-error): "
+                               + "; ".join(f"{name}: {reason}" for name, reason in sorted(failures.items())))
         log.info("modelplex ready: %s", self.ports)
 
     async def _start_http(self) -> None:
@@ -89,6 +124,10 @@ class Server:
             app = AccessMiddleware(app, checks)
         for wrap in reversed([w for ws in self.pm.hook.modelplex_http_middleware(settings=s) for w in ws or ()]):
             app = wrap(app)
+        if s.access_log:
+            from ..http.access_log import AccessLogMiddleware
+
+            app = AccessLogMiddleware(app)
         tls = self.pm.hook.modelplex_http_tls(settings=s)
         host = s.http_address or s.host
         if s.admin_http_port is None:
@@ -111,10 +150,13 @@ class Server:
             def capture_signals(self):
                 return contextlib.nullcontext()
 
-        sock = bind_socket(host, port)
+        sock = bind_socket(host, port, name)
         self.ports[name] = sock.getsockname()[1]
+        log.info("%s listening on %s:%d", name.replace("_", " ").upper().replace("ADMIN ", "admin "), host,
+                 self.ports[name])
+        # log_config=None: uvicorn's lines go through the server's own handler (text or JSON), not its own.
         config = uvicorn.Config(app, loop="none", http=CoalescingHttpToolsProtocol, lifespan="off", access_log=False,
-                                log_level="warning", timeout_keep_alive=75, backlog=2048,
+                                log_config=None, log_level="warning", timeout_keep_alive=75, backlog=2048,
                                 proxy_headers=False, **_uvicorn_ssl_options(tls))
         server = QuietUvicorn(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -165,9 +207,17 @@ class Server:
         if s.admin_grpc_port is not None:
             listeners = [(host, s.grpc_port, "grpc", AdminSplitInterceptor(False)),
                          (s.admin_host or s.host, s.admin_grpc_port, "admin_grpc", AdminSplitInterceptor(True))]
+        if s.access_log:
+            from ..grpc.access_log import AccessLogInterceptor
+
+            interceptors.insert(0, AccessLogInterceptor())
         for host, port, name, split in listeners:
-            server, self.ports[name] = create_grpc_server(self.dataplane, s, ([split] if split else []) + interceptors,
-                                                          credentials, host, port)
+            try:
+                server, self.ports[name] = create_grpc_server(self.dataplane, s, ([split] if split else [])
+                                                              + interceptors, credentials, host, port)
+            except RuntimeError as e:  # grpc's bind failure
+                raise cannot_listen(name, host, port, str(e)) from None
+            log.info("%s listening on %s:%d", "gRPC" if name == "grpc" else "admin gRPC", host, self.ports[name])
             await server.start()
             self._grpc_servers.append(server)
 
@@ -195,7 +245,7 @@ class Server:
         for _, task in self._http_servers:
             await task
         if self._metrics_httpd is not None:
-            self._metrics_httpd.close()
+            await self._metrics_httpd.close()
         # The spans still queued, for at most 2 s (on the loop: nothing else runs now).
         self.dataplane.tracing.shutdown()
         try:
@@ -207,8 +257,9 @@ class Server:
 
 
 async def serve(settings: ServerConfig, port_file: Path | None = None,
-                plugin_manager: pluggy.PluginManager | None = None) -> None:
-    """Runs until SIGINT/SIGTERM, then stops gracefully; a second signal cuts the wait short."""
+                plugin_manager: pluggy.PluginManager | None = None) -> int:
+    """Runs until SIGINT/SIGTERM, then stops gracefully; a second signal cuts the wait short. Returns
+    the exit status: 1 when the start failed (`StartupError`, logged as one line)."""
     server = Server(settings, plugin_manager)
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -218,20 +269,31 @@ async def serve(settings: ServerConfig, port_file: Path | None = None,
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    started = await _started(server, stop)
+    try:
+        started = await _started(server, stop)
+    except StartupError as e:
+        log.error("%s", e)
+        await server.stop(timeout=0)
+        logging.shutdown()
+        os._exit(1)  # as after a stop that overran: a backend thread may still be busy
     if started:
         if port_file is not None:
             tmp = port_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(server.ports))
             tmp.replace(port_file)
-        print(f"modelplex serving: HTTP {server.ports.get('http')}, gRPC {server.ports.get('grpc')}, "
-              f"metrics {server.ports.get('metrics')}", flush=True)
+        message = (f"modelplex serving: HTTP {server.ports.get('http')}, gRPC {server.ports.get('grpc')}, "
+                   f"metrics {server.ports.get('metrics')}")
+        if settings.log_format == "json":
+            log.info("%s", message)  # stdout carries nothing but JSON lines then
+        else:
+            print(message, flush=True)
         await stop.wait()
     if not await server.stop(force=force) or not started:
         # A backend thread is still busy (a Python model inside a long execute, an instance still
         # being created): as Triton does after its exit timeout, leave without waiting for it.
         logging.shutdown()
         os._exit(0)
+    return 0
 
 
 async def _started(server: Server, stop: asyncio.Event) -> bool:

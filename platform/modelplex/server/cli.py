@@ -30,39 +30,55 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="modelplex", description="A Triton-compatible model server.")
     parser.add_argument("--version", action="version", version=f"modelplex {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="serve the models of one or more model repositories")
+    s = sub.add_parser("serve", help="serve the models of one or more model repositories",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("--model-repository", "--model-store", action="append", required=True, type=Path,
                    help="a Triton model repository folder (repeatable)")
-    s.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="none")
+    s.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="none",
+                   help="none: load every model at start; explicit: load what --load-model names, then only "
+                        "through the repository API; poll: load every model and follow repository changes")
     s.add_argument("--load-model", action="append", default=[],
                    help="model to load at start in explicit mode; '*' for all")
-    s.add_argument("--repository-poll-secs", type=float, default=15.0)
-    s.add_argument("--strict-readiness", type=_bool, default=True)
-    s.add_argument("--strict-model-config", type=_bool, default=False)
+    s.add_argument("--repository-poll-secs", type=float, default=15.0,
+                   help="in poll mode, seconds between scans of the repositories")
+    s.add_argument("--strict-readiness", type=_bool, default=True,
+                   help="ready only while every loaded model is READY (false: once the startup load ended)")
+    s.add_argument("--strict-model-config", type=_bool, default=False,
+                   help="use config.pbtxt as written: no completion from the model file")
+    s.add_argument("--exit-on-error", type=_bool, default=True,
+                   help="exit non-zero when a model of the startup load fails (false: log it and keep serving "
+                        "the others)")
     s.add_argument("--host", default="0.0.0.0", help="address every port listens on")
-    s.add_argument("--http-port", type=int, default=8000)
-    s.add_argument("--grpc-port", type=int, default=8001)
-    s.add_argument("--metrics-port", type=int, default=8002)
-    s.add_argument("--allow-http", type=_bool, default=True)
-    s.add_argument("--allow-grpc", type=_bool, default=True)
-    s.add_argument("--allow-metrics", type=_bool, default=True)
+    s.add_argument("--http-port", type=int, default=8000, help="HTTP port (KServe v2, OpenAI routes); 0: any free")
+    s.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (KServe v2, grpc.health.v1); 0: any free")
+    s.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics port; 0: any free")
+    s.add_argument("--allow-http", type=_bool, default=True, help="serve HTTP")
+    s.add_argument("--allow-grpc", type=_bool, default=True, help="serve gRPC")
+    s.add_argument("--allow-metrics", type=_bool, default=True, help="serve the metrics port")
     s.add_argument("--http-max-body-bytes", "--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    dest="http_max_body_bytes", metavar="BYTES",
-                   help="largest HTTP request body, also once decompressed (Triton's --http-max-input-size; "
-                        "default: %(default)s)")
+                   help="largest HTTP request body, also once decompressed (Triton's --http-max-input-size)")
     s.add_argument("--grpc-max-message-bytes", type=int, default=64 * 1024 * 1024,
                    help="largest gRPC message received or sent")
+    s.add_argument("--grpc-stream-max-inflight", type=int, default=64,
+                   help="requests one ModelStreamInfer stream runs at once; beyond it the stream stops reading")
+    s.add_argument("--grpc-stream-max-queued-responses", type=int, default=64,
+                   help="responses one stream holds for a client reading slowly; beyond it the stream stops reading")
+    s.add_argument("--max-request-memory-bytes", type=int, default=1 << 30,
+                   help="request bodies in flight, server-wide (HTTP and gRPC infer); beyond it requests are "
+                        "refused with 503 / RESOURCE_EXHAUSTED (0: no limit)")
     limits = TensorLimits()
     s.add_argument("--max-tensor-elements", type=int, default=limits.max_elements,
                    help="most elements one input tensor may have")
     s.add_argument("--max-bytes-elements", type=int, default=limits.max_bytes_elements,
                    help="most elements one BYTES input tensor may have "
-                        "(each costs ~40 bytes of memory beyond its data; default: %(default)s)")
+                        "(each costs ~40 bytes of memory beyond its data)")
     s.add_argument("--max-bytes-element-size", type=int, default=limits.max_bytes_element_size,
                    help="longest BYTES element (e.g. a prompt's text) in bytes")
     s.add_argument("--max-stream-secs", type=float, default=3600.0,
                    help="a response stream still running after this many seconds ends with an error (0: no limit)")
-    s.add_argument("--unload-timeout-secs", type=float, default=30.0)
+    s.add_argument("--unload-timeout-secs", type=float, default=30.0,
+                   help="how long an unload waits for the model's in-flight requests")
     s.add_argument("--model-load-timeout-secs", "--model-load-timeout", type=float, default=600.0,
                    help="a model whose instances are not all created after this many seconds fails to load "
                         "with that reason, and the server keeps serving (0: no limit)")
@@ -79,7 +95,7 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
     add_plugin_arguments(s, pm or create_plugin_manager())
     s.add_argument("--port-file", type=Path, help="write the bound ports as JSON here once serving")
     s.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL",
-                   help="verbose (DEBUG) lines when above 0 (default: %(default)s)")
+                   help="verbose (DEBUG) lines when above 0")
     add_triton_flags(s)
     s.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="log lines as text or as JSON objects (each with the request id)")
@@ -87,6 +103,9 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
                    help="Triton's tracing flags: level=OFF|TIMESTAMPS, rate=N, count=N, mode=opentelemetry, "
                         "opentelemetry,url=<OTLP/HTTP endpoint>, opentelemetry,resource=<key>=<value>, "
                         "opentelemetry,bsp_max_queue_size=N (repeatable)")
+    s.add_argument("--access-log", type=_bool, nargs="?", const=True, default=False,
+                   help="log one line per HTTP request and gRPC call: method, path, model, status, latency, "
+                        "request id")
     add_admin_commands(sub)
     for command in plugin_commands(pm or create_plugin_manager()).values():
         command.add_arguments(sub.add_parser(command.name, help=command.help))
@@ -148,7 +167,9 @@ def main(argv: list[str] | None = None) -> None:
         grpc_max_message_bytes=args.grpc_max_message_bytes, trace=trace, log_format=args.log_format,
         lora_adapter_roots=args.lora_adapter_root, exit_timeout_secs=args.exit_timeout_secs, admin_host=args.admin_host,
         admin_http_port=args.admin_http_port, admin_grpc_port=args.admin_grpc_port,
-        plugin_options=plugin_options(pm, args), **triton)
+        plugin_options=plugin_options(pm, args), exit_on_error=args.exit_on_error, access_log=args.access_log,
+        grpc_stream_max_inflight=args.grpc_stream_max_inflight, max_request_memory_bytes=args.max_request_memory_bytes,
+        grpc_stream_max_queued_responses=args.grpc_stream_max_queued_responses, **triton)
     try:
         pm.hook.modelplex_check_settings(settings=settings)
     except ValueError as e:
@@ -157,10 +178,9 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         import uvloop
-
-        uvloop.run(serve(settings, args.port_file, pm))
     except ImportError:
-        asyncio.run(serve(settings, args.port_file, pm))
+        sys.exit(asyncio.run(serve(settings, args.port_file, pm)))
+    sys.exit(uvloop.run(serve(settings, args.port_file, pm)))
 
 
 if __name__ == "__main__":

@@ -28,30 +28,30 @@ def add_triton_flags(s: argparse.ArgumentParser) -> None:
                         "default: off)")
     g.add_argument("--allow-client-shm", type=_bool, default=False, metavar="BOOL",
                    help="let clients register system shared-memory regions (/dev/shm objects the server maps) "
-                        "for inputs and outputs (default: %(default)s, as Triton)")
+                        "for inputs and outputs (as Triton)")
     g.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
-                   help="how many models load at once at startup (default: %(default)s)")
+                   help="how many models load at once at startup")
     g.add_argument("--http-address", metavar="ADDRESS",
                    help="address the HTTP port listens on (default: --host)")
     g.add_argument("--grpc-address", metavar="ADDRESS",
                    help="address the gRPC port listens on (default: --host)")
     g.add_argument("--backend-directory", default=DEFAULT_BACKEND_DIRECTORY, metavar="DIR",
                    help="accepted for Triton's command lines; backends are Python plugins found through the "
-                        "'modelplex' entry points, so another folder is warned about (default: %(default)s)")
+                        "'modelplex' entry points, so another folder is warned about")
     g.add_argument("--backend-config", action="append", default=[], metavar="<backend>,<setting>=<value>",
                    help="a default parameter for the models of one backend (their config's own parameters "
                         "win); repeatable (default: none)")
-    g.add_argument("--id", default="modelplex", help="the server's name in its metadata (default: %(default)s)")
+    g.add_argument("--id", default="modelplex", help="the server's name in its metadata")
     g.add_argument("--http-header-forward-pattern", default="", metavar="REGEX",
                    help="HTTP headers whose name matches become request parameters of infer and generate "
                         "(default: none)")
     g.add_argument("--grpc-infer-response-compression-level", choices=COMPRESSION_LEVELS, default="none",
-                   help="compression of gRPC responses the client accepts compressed (default: %(default)s)")
-    g.add_argument("--log-info", type=_bool, default=True, metavar="BOOL", help="log INFO lines (default: %(default)s)")
+                   help="compression of gRPC responses the client accepts compressed")
+    g.add_argument("--log-info", type=_bool, default=True, metavar="BOOL", help="log INFO lines")
     g.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL",
-                   help="log WARNING lines (default: %(default)s)")
+                   help="log WARNING lines")
     g.add_argument("--log-error", type=_bool, default=True, metavar="BOOL",
-                   help="log ERROR lines (default: %(default)s)")
+                   help="log ERROR lines")
     g.add_argument("--log-file", default="", metavar="PATH", help="append the log here instead of stderr "
                    "(default: stderr)")
 

@@ -3,7 +3,8 @@
 A request with a response format carries a `GrammarMatcher` (`EngineRequest.grammar`). Before
 sampling, the rows that have one get their next-token bitmask and one batched masking call; rows
 without one are untouched, so an unconstrained batch pays only a scan for `grammar`. After
-sampling, each constrained row's matcher accepts its token. xgrammar is imported on first use.
+sampling, each constrained row's matcher accepts its token. xgrammar is imported on first use, or by
+`preload()` when a server creates an engine (see there).
 """
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ FIELD = "response_format"
 TYPES = ("text", "json_object", "json_schema")
 JSON_OBJECT = '{"type": "object"}'
 _XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[20:29:05] /project/cpp/x.cc:4944: "
+
+
+def preload() -> None:
+    """Import xgrammar now, if installed. It imports transformers and torch, and a first import of those
+    on a request's thread could meet another model's load importing them: lazily loaded packages are
+    not safe to import from two threads at once. The host runs a backend's first instance creation
+    alone, so importing it there is safe."""
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError:
+        pass
 
 
 def check_response_format(value) -> dict | None:

@@ -64,6 +64,8 @@ def _build():
             digest.update(f.read())
     # -march=native: the build is cached by name, so the name carries the CPU's flags (and the sources and cflags).
     tag = digest.hexdigest()[:12]
+    logger.info("loading the CPU kernels modelplex_cpu_ops_%s (compiled on their first use on this CPU: "
+                "that can take minutes)", tag)
     try:
         cpp_extension.load(name=f"modelplex_cpu_ops_{tag}", sources=_SOURCES, is_python_module=False,
                            extra_cflags=_CFLAGS, extra_ldflags=["-fopenmp"])

@@ -1,5 +1,5 @@
 """Misbehaves as MODE says: raise, error (a TritonError response), count (two responses for one request),
-dtype (FP64 where the config says FP32), not_tensor (a list among output tensors), none (returns None),
+dtype (FP64 where the config says FP32), shape ([2, 2] where it says [1]), not_tensor (a list among output tensors), none (returns None),
 twice (two responses through the response sender); anything else answers OUT = 1, "sender" through the
 response sender (Triton lets models that are not decoupled answer that way too)."""
 import numpy as np
@@ -20,6 +20,8 @@ class TritonPythonModel:
             return [good, good]
         if mode == "dtype":
             return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float64))])]
+        if mode == "shape":
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones((2, 2), np.float32))])]
         if mode == "not_tensor":
             return [pb_utils.InferenceResponse([[1.0]])]
         if mode == "none":
