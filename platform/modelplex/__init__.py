@@ -20,6 +20,7 @@ from .core.hookspecs import hookimpl  # noqa: E402
 from .core.params import parse_int  # noqa: E402
 from .core.tensors import InferRequest, InferResponse, InferTensor, RequestedOutput  # noqa: E402
 from .llm import tensor_protocol as llm_protocol  # noqa: E402
+from .llm.tool_parsers import tool_parser  # noqa: E402
 from .models import config as model_config  # noqa: E402
 from .models.adapters import LORA_PARAMETER, MODULES_PARAMETER as LORA_MODULES_PARAMETER  # noqa: E402
 from .models.completion import (TensorSignature, check_config, complete_config, config_shape,  # noqa: E402
@@ -39,7 +40,7 @@ __all__ = [
     "model_config", "TensorSignature", "check_config", "complete_config", "config_shape", "is_fully_specified",
     "tensor_specs",
     # LLM backends: the generate tensors, LoRA parameters, the vllm:* metrics, spans
-    "llm_protocol", "LORA_PARAMETER", "LORA_MODULES_PARAMETER", "LLMMetrics", "current_span",
+    "llm_protocol", "tool_parser", "LORA_PARAMETER", "LORA_MODULES_PARAMETER", "LLMMetrics", "current_span",
     # front-door plugins: serve flags, subcommands, access control, TLS, API groups
     "ServeOption", "Command", "AccessControl", "Denial", "HttpTls", "GrpcTls", "DeviceReport", "parse_bool", "params", "parse_int",
     "API_GROUPS", "ADMIN_GROUPS", "http_group", "grpc_group",

@@ -17,6 +17,7 @@ class ServerConfig:
     repository_poll_secs: float = 15.0
     strict_readiness: bool = True
     strict_model_config: bool = False
+    openai_strict_fields: bool = False  # unknown OpenAI request fields: 400 (True) or a warning once per name
     host: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001

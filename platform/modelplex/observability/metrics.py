@@ -114,11 +114,25 @@ def register_plugin_collectors(pm, dataplane, registry: CollectorRegistry) -> No
                 log.warning("metric collector %r is skipped: %s", collector, exc)
 
 
-class MetricsServer:
-    """`GET /metrics` on its own port: Triton's families plus whatever is in `registry` (histograms etc.)."""
+class MetricsPage:
+    """The `/metrics` text: Triton's families plus whatever is in `registry` (histograms etc.); served by
+    the metrics port and the HTTP port alike."""
 
-    def __init__(self, host: str, port: int, stats_source: Callable[[], Iterable[ModelStats]],
-                 registry: CollectorRegistry):
+    def __init__(self, stats_source: Callable[[], Iterable[ModelStats]], registry: CollectorRegistry):
+        self.stats_source, self.registry = stats_source, registry
+        self.cpu, self.gpu = CpuMetrics(), GpuMetrics()
+        self._lock = threading.Lock()  # the CPU figure is a delta between two renders
+
+    def render(self) -> str:
+        with self._lock:
+            return (triton_metrics_text(self.stats_source()) + self.cpu.text() + self.gpu.text()
+                    + generate_latest(self.registry).decode())
+
+
+class MetricsServer:
+    """`GET /metrics` on its own port (a `MetricsPage`)."""
+
+    def __init__(self, host: str, port: int, page: MetricsPage):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -136,16 +150,14 @@ class MetricsServer:
             def log_message(self, *args):
                 pass
 
-        self.stats_source, self.registry = stats_source, registry
-        self.cpu, self.gpu = CpuMetrics(), GpuMetrics()
+        self.page = page
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_port
         threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True).start()
 
     def render(self) -> str:
-        return (triton_metrics_text(self.stats_source()) + self.cpu.text() + self.gpu.text()
-                + generate_latest(self.registry).decode())
+        return self.page.render()
 
     def close(self) -> None:
         self.httpd.shutdown()

@@ -19,7 +19,8 @@ from .admin_address import AdminSplitInterceptor, AdminSplitMiddleware
 from ..dataplane import DataPlane
 from ..core.extensions import HttpTls
 from ..observability.llm_metrics import LLMMetricsCollector
-from ..observability.metrics import CallbackCounter, MetricsServer, register_plugin_collectors
+from ..observability.metrics import CallbackCounter, MetricsPage, MetricsServer, register_plugin_collectors
+from .metrics_route import metrics_router
 from ..core.plugins import collect_backends, create_plugin_manager
 from ..core.settings import ServerConfig
 
@@ -60,6 +61,7 @@ class Server:
         self.registry.register(CallbackCounter(
             "modelplex_trace_spans_dropped", "Spans dropped because the trace export could not keep up",
             lambda: self.dataplane.tracing.num_dropped))
+        self.metrics_page = MetricsPage(self.manager.loaded_stats, self.registry)  # metrics port and HTTP /metrics
         self.ports: dict[str, int] = {}
         self._http_servers: list[tuple[object, asyncio.Task]] = []  # (uvicorn server, its serve task)
         self._grpc_servers: list = []
@@ -73,7 +75,7 @@ class Server:
         if s.allow_grpc:
             await self._start_grpc()
         if s.allow_metrics:
-            self._metrics_httpd = MetricsServer(s.host, s.metrics_port, self.manager.loaded_stats, self.registry)
+            self._metrics_httpd = MetricsServer(s.host, s.metrics_port, self.metrics_page)
             self.ports["metrics"] = self._metrics_httpd.port
         await self.manager.start()
         log.info("modelplex ready: %s", self.ports)
@@ -136,7 +138,7 @@ class Server:
         from ..openai import create_openai_router
         from .status_page import create_status_router
 
-        routers = [create_status_router(), create_openai_router(self.dataplane)]
+        routers = [create_status_router(), create_openai_router(self.dataplane), metrics_router(self.metrics_page)]
         for found in self.pm.hook.modelplex_http_routers(dataplane=self.dataplane):
             routers += found or []
         return routers

@@ -17,6 +17,7 @@ from ..layers.norm import RMSNorm
 from ..loader import LoadedWeights
 from ..models.llama import LlamaForCausalLM
 from .cuda_graphs import CudaGraphRunner
+from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .sampler import Sampler, SamplerOutput
 from .scheduler import SchedulerOutput
 
@@ -124,6 +125,8 @@ class ModelRunner:
             hidden = self.graphs.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
+        if wants_prompt_logprobs(out):
+            record_prompt_logprobs(self.model, hidden, out, order)
         if not sample_indices:
             return SamplerOutput.empty(len(out.requests))
         logits = self.model.compute_logits(hidden[sample_rows])

@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from . import find_gguf
 
+# transformers resolves its names lazily on first import; two engines loading at once (two models,
+# or two instances) raced there ("cannot import name 'AutoTokenizer'"), so the first import is serialized.
+_IMPORT_LOCK = threading.Lock()
+
 
 def load_tokenizer(model_path: str):
-    from transformers import AutoTokenizer
+    with _IMPORT_LOCK:
+        from transformers import AutoTokenizer
 
     gguf_file = find_gguf(model_path)
     if gguf_file:
