@@ -132,6 +132,13 @@ def engine_phases(output: RequestOutput) -> list[tuple[str, int, int, dict]] | N
                                                  "llm.num_cached_tokens": output.num_cached_tokens})]
 
 
+def engine_times(output: RequestOutput) -> tuple[float, float] | None:
+    """(queue, prefill) seconds of a request once its first token came (the metrics' phases)."""
+    if output.first_scheduled_time is None or output.first_token_time is None:
+        return None
+    return (output.first_scheduled_time - output.arrival_time, output.first_token_time - output.first_scheduled_time)
+
+
 class LLMInstance(ModelInstance):
     """One engine per instance; the host may hand it many requests at once (they batch inside).
 
@@ -183,6 +190,7 @@ class LLMInstance(ModelInstance):
         flags = vllm_folder.VllmFlags.read(request) if self.vllm else None
         if flags is not None and flags.values.get("return_cumulative_logprob") and call.params.logprobs is None:
             call.params.logprobs = 0  # the sampled tokens' log-probabilities, summed per completion
+            flags.hidden_parameters = ("logprobs",)
         if flags is not None and not flags.stream:
             async for response in self._whole_per_completion(request, call, flags):
                 yield response
@@ -194,8 +202,8 @@ class LLMInstance(ModelInstance):
                     response = make_response(request, self.model, output.text_delta, output, call.params,
                                              self.engine.tokenizer)
                     if flags is not None:
-                        response.outputs += flags.outputs(output.index, output.finish_reason, output.num_prompt_tokens,
-                                                          output.new_token_ids, output.new_logprobs)
+                        flags.add_outputs(response, output.index, output.finish_reason, output.num_prompt_tokens,
+                                          output.new_token_ids, output.new_logprobs)
                     if not phases_sent:  # with the first chunk: the prefill is over by then
                         response.phases, phases_sent = engine_phases(output), True
                     yield response
@@ -215,8 +223,8 @@ class LLMInstance(ModelInstance):
                 prefix = call.prompt_text or "" if flags.prepend_input else ""
                 response = make_response(request, self.model, prefix + output.text, whole, call.params,
                                          self.engine.tokenizer)
-                response.outputs += flags.outputs(output.index, output.finish_reason, output.num_prompt_tokens,
-                                                  whole.new_token_ids, whole.new_logprobs)
+                flags.add_outputs(response, output.index, output.finish_reason, output.num_prompt_tokens,
+                                  whole.new_token_ids, whole.new_logprobs)
                 response.phases = engine_phases(output)
                 yield response
 
@@ -246,7 +254,7 @@ class LLMInstance(ModelInstance):
             async with contextlib.aclosing(stream):
                 async for output in stream:
                     timer.on_tokens(output.index, len(output.new_token_ids), output.finished, output.finish_reason,
-                                    output.num_prompt_tokens)
+                                    output.num_prompt_tokens, engine_times(output))
                     yield output
         except AdapterNotFoundError as exc:  # unloaded after the host checked it
             raise NotFound(str(exc)) from None

@@ -142,6 +142,7 @@ class VllmFlags:
 
     values: dict[str, bool] = field(default_factory=dict)
     cumulative_logprob: dict[int, float] = field(default_factory=dict)  # per completion index
+    hidden_parameters: tuple[str, ...] = ()  # response parameters computed only for an output tensor
 
     @classmethod
     def read(cls, request: InferRequest) -> VllmFlags:
@@ -167,6 +168,15 @@ class VllmFlags:
     @property
     def prepend_input(self) -> bool:
         return not self.stream and not self.values.get("exclude_input_in_output", False)
+
+    def add_outputs(self, response, index: int, finish_reason: str | None, num_input_tokens: int,
+                    new_token_ids: list[int], new_logprobs: list[dict]) -> None:
+        """Add the output tensors the flags ask for to one response of completion `index`; the protocol's
+        response parameters of the same names make way (the tensors carry vLLM's meaning)."""
+        tensors = self.outputs(index, finish_reason, num_input_tokens, new_token_ids, new_logprobs)
+        response.outputs += tensors
+        for name in (*(t.name for t in tensors), *self.hidden_parameters):
+            response.parameters.pop(name, None)
 
     def outputs(self, index: int, finish_reason: str | None, num_input_tokens: int, new_token_ids: list[int],
                 new_logprobs: list[dict]) -> list[InferTensor]:

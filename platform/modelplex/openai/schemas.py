@@ -28,6 +28,9 @@ REFUSED = {
     "suffix": "fill-in-the-middle is not implemented",
     "reasoning_effort": "no reasoning parser is implemented",
     "logprob_token_ids": "not implemented",
+    "prompt_embeds": "embedding inputs are not implemented",
+    "functions": "the deprecated function-calling fields: use tools",
+    "function_call": "the deprecated function-calling fields: use tool_choice",
 }
 # accepted and without effect: why
 IGNORED = {
@@ -119,6 +122,7 @@ class SamplingRequest(OpenAIModel):
     return_tokens_as_token_ids: bool | None = None
     kv_transfer_params: dict[str, Any] | None = None
     logprob_token_ids: list[int] | None = None
+    prompt_embeds: Any = None
     user: str | None = None
     request_id: str | None = None
     spaces_between_special_tokens: bool | None = None
@@ -264,6 +268,8 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None
     reasoning_effort: str | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: Any = None
     mm_processor_kwargs: dict[str, Any] | None = None
     include_reasoning: bool | None = None
     service_tier: str | None = None
@@ -311,6 +317,8 @@ class EmbeddingRequest(OpenAIModel):
 
     def texts(self) -> list[str]:
         """The inputs as texts; token-id inputs are refused (the embedding models' tokenizers run inside them)."""
+        if self.truncate_prompt_tokens is not None:
+            raise RequestError("truncate_prompt_tokens", "not supported here: the embedding model tokenizes itself")
         items = [self.input] if isinstance(self.input, str) else self.input
         if any(not isinstance(t, str) for t in items):
             raise RequestError("input", "token-id input needs a model that takes token ids; this embedding "
