@@ -52,12 +52,15 @@ def test_metrics_on_the_http_port(base_url, compat_server, client):
 
 def test_responses_text_and_stream(client):
     answer = client.responses.create(model=MODEL, input="What is the capital of France?", max_output_tokens=16,
-                                     temperature=0, instructions="Answer briefly.")
+                                     temperature=0)
     assert "Paris" in answer.output_text and answer.status == "completed"
+    instructed = client.responses.create(model=MODEL, input="What is the capital of France?", max_output_tokens=1,
+                                         instructions="Answer briefly.")
+    assert instructed.usage.input_tokens > answer.usage.input_tokens and instructed.status == "incomplete"
     assert answer.usage.output_tokens > 0 and answer.usage.total_tokens == answer.usage.input_tokens + \
         answer.usage.output_tokens
     events = list(client.responses.create(model=MODEL, input="What is the capital of France?", max_output_tokens=16,
-                                          temperature=0, instructions="Answer briefly.", stream=True))
+                                          temperature=0, stream=True))
     assert events[0].type == "response.created" and events[-1].type == "response.completed"
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == answer.output_text == events[-1].response.output_text
@@ -67,11 +70,11 @@ def test_responses_text_and_stream(client):
 def test_responses_function_tools(client):
     tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
-    answer = client.responses.create(model=MODEL, input="Weather in Paris?", tools=tools, max_output_tokens=30,
+    answer = client.responses.create(model=MODEL, input="Weather in Paris?", tools=tools, max_output_tokens=80,
                                      temperature=0, tool_choice="required")
     (call,) = [item for item in answer.output if item.type == "function_call"]
     assert call.name == "get_weather" and "city" in call.arguments and call.call_id
-    events = list(client.responses.create(model=MODEL, input="Weather in Paris?", tools=tools, max_output_tokens=30,
+    events = list(client.responses.create(model=MODEL, input="Weather in Paris?", tools=tools, max_output_tokens=80,
                                           temperature=0, tool_choice="required", stream=True))
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert len(done) == 1 and done[0].arguments == call.arguments

@@ -128,8 +128,7 @@ async def _events(completion: Completion, opened, body: SamplingRequest, logprob
     stream = merged(opened)
     try:
         async for prompt, response in stream:
-            chunk = completion.delta_chunk(response, prompt, logprobs, include_usage or continuous,
-                                           completion.usage if continuous else None)
+            chunk = completion.delta_chunk(response, prompt, logprobs, include_usage, continuous)
             if chunk is not None:
                 yield sse_event(chunk)
     except Exception as exc:  # noqa: BLE001 - the status line is gone; tell the client in-band

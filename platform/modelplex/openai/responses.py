@@ -129,8 +129,9 @@ class Completion:
                 for i, c in enumerate(self.choices)]
 
     def delta_chunk(self, response: InferResponse, prompt: int, logprobs: bool, usage: bool,
-                    with_usage: dict | None = None) -> dict | None:
-        """The chunk for one response (None when it carries nothing to send yet)."""
+                    continuous: bool = False) -> dict | None:
+        """The chunk for one response (None when it carries nothing to send yet); `usage` puts the key in
+        (null), `continuous` the counts so far (vLLM's continuous_usage_stats)."""
         index = prompt * self.n + int(response.parameters.get("index", 0))
         choice = self.choices[index]
         offset = len(choice.text)
@@ -149,7 +150,7 @@ class Completion:
                 return None
         else:
             out["text"] = delta
-        return self.chunk([out], usage, with_usage)
+        return self.chunk([out], usage or continuous, self.usage if continuous else None)
 
     def _logprobs(self, entries: list[dict], offset: int) -> dict:
         if self.chat:

@@ -6,16 +6,17 @@ import threading
 
 from . import find_gguf
 
-# transformers resolves its names lazily on first import; two engines loading at once (two models,
-# or two instances) raced there ("cannot import name 'AutoTokenizer'"), so the first import is serialized.
-_IMPORT_LOCK = threading.Lock()
+# transformers resolves its modules lazily, also inside from_pretrained (its GGUF integration): two
+# engines loading at once (two models, or two instances) raced there ("cannot import name
+# 'AutoTokenizer'", "... 'GGUF_CONFIG_ARCHS'"), so tokenizer loads are serialized (a few seconds each).
+_LOAD_LOCK = threading.Lock()
 
 
 def load_tokenizer(model_path: str):
-    with _IMPORT_LOCK:
+    with _LOAD_LOCK:
         from transformers import AutoTokenizer
 
-    gguf_file = find_gguf(model_path)
-    if gguf_file:
-        return AutoTokenizer.from_pretrained(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file))
-    return AutoTokenizer.from_pretrained(model_path)
+        gguf_file = find_gguf(model_path)
+        if gguf_file:
+            return AutoTokenizer.from_pretrained(os.path.dirname(gguf_file), gguf_file=os.path.basename(gguf_file))
+        return AutoTokenizer.from_pretrained(model_path)
