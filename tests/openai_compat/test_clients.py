@@ -34,7 +34,9 @@ def test_litellm_completion_with_tools(base_url):
     litellm = pytest.importorskip("litellm")
     answer = litellm.completion(model=f"openai/{MODEL}", api_base=f"{base_url}/v1", api_key="unused",
                                 messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-                                tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60, temperature=0)
+                                tools=[WEATHER_TOOL], tool_choice="required", parallel_tool_calls=False, max_tokens=120,
+                                temperature=0)
+    assert answer.choices[0].message.tool_calls, answer.choices[0]
     (call,) = answer.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
     assert answer.choices[0].finish_reason == "tool_calls"

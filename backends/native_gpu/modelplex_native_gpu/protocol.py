@@ -28,7 +28,7 @@ class GenerateCall:
     prompt_text: str | None = None  # the text prompt (or rendered chat); None for token ids
 
 
-def parse_request(request: InferRequest, tokenizer, max_model_len: int) -> GenerateCall:
+def parse_request(request: InferRequest, tokenizer, max_model_len: int, vocab_size: int | None = None) -> GenerateCall:
     """Tensors and parameters -> prompt token ids and validated SamplingParams (InvalidInput naming the field)."""
     inputs = llm_protocol.read_generate_inputs(request)
     values = inputs.sampling
@@ -36,6 +36,8 @@ def parse_request(request: InferRequest, tokenizer, max_model_len: int) -> Gener
     text = None
     if inputs.prompt_token_ids is not None:
         prompt_ids = inputs.prompt_token_ids
+        if vocab_size is not None and max(prompt_ids) >= vocab_size:
+            raise InvalidInput(f"prompt: token ids must be in [0, {vocab_size})", param="prompt")
     else:
         text = inputs.text if inputs.chat is None else render_chat(tokenizer, inputs.chat)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)

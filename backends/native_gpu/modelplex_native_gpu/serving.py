@@ -229,7 +229,8 @@ class LLMInstance(ModelInstance):
                 yield response
 
     def _parse(self, request: InferRequest) -> GenerateCall:
-        return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len)
+        return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len,
+                             self.engine.engine.vocab_size)
 
     async def _generate(self, request: InferRequest, call: GenerateCall):
         lora = request.parameters.get(LORA_PARAMETER) or call.lora_name

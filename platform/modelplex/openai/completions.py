@@ -107,12 +107,26 @@ async def run(dataplane: DataPlane, receive, body: SamplingRequest, prompts: lis
         requests.append(infer_request(dataplane, model, {**inputs, "sampling_parameters": sampling}, adapter, extra))
     try:
         if not body.stream:
-            await until_disconnected(receive, asyncio.gather(*(_collect(completion, i, dataplane.stream(r))
-                                                               for i, r in enumerate(requests))))
+            await until_disconnected(receive, all_or_none([_collect(completion, i, dataplane.stream(r))
+                                                           for i, r in enumerate(requests)]))
             return None
         return await until_disconnected(receive, open_streams([dataplane.stream(r) for r in requests]))
     except ModelplexError as exc:
         raise with_param(exc, body.param_aliases) from None
+
+
+async def all_or_none(work: list) -> None:
+    """Await every coroutine; the first failure cancels the others (their backends abort) and is raised."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _collect(completion: Completion, prompt: int, responses) -> None:

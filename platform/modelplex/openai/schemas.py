@@ -278,7 +278,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     def sampling(self) -> dict[str, Any]:
         if self.max_tokens == 0:
-            raise RequestError("max_tokens", "must be >= 1")
+            raise RequestError("max_tokens", "max_tokens: must be >= 1")
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError("top_logprobs", "top_logprobs needs logprobs: true")
         limit = self.max_completion_tokens or self.max_tokens  # None: up to the context length

@@ -31,29 +31,29 @@ def plan_tools(body: ChatCompletionRequest, parser_name: str | None) -> ToolPlan
     choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none"):
-            raise RequestError("tool_choice", "tool_choice needs tools")
+            raise RequestError("tool_choice", "tool_choice: needs tools")
         return ToolPlan("none")
     tools = {tool.function.name: tool.function for tool in body.tools}
     if len(tools) != len(body.tools):
-        raise RequestError("tools", "tool names must be unique")
+        raise RequestError("tools", "tools: tool names must be unique")
     if choice == "none":
         return ToolPlan("none")
     if isinstance(choice, NamedToolChoice):
         function = tools.get(choice.function.name)
         if function is None:
-            raise RequestError("tool_choice", f"tool_choice names '{choice.function.name}', which is not in tools")
+            raise RequestError("tool_choice", f"tool_choice: names '{choice.function.name}', which is not in tools")
         return ToolPlan("named", named=function.name, constraint={"json": _parameters(function)})
     if choice == "required":
         return ToolPlan("required", constraint={"json": _required_schema(tools, body.parallel_tool_calls)})
     if not parser_name:
-        raise RequestError("tools" if choice is None else "tool_choice",
-                           f"model '{body.model}' has no tool_call_parser, so 'auto' tool choice is not available "
+        param = "tools" if choice is None else "tool_choice"
+        raise RequestError(param, f"{param}: model '{body.model}' has no tool_call_parser, so 'auto' tool choice is not available "
                            "(set the model config parameter tool_call_parser, or use tool_choice 'required' or a "
                            "named function)")
     try:
         return ToolPlan("auto", parser=tool_parser(parser_name))
     except ValueError as exc:
-        raise RequestError("tools", f"model '{body.model}': {exc}") from None
+        raise RequestError("tools", f"tools: model '{body.model}': {exc}") from None
 
 
 def _parameters(function) -> dict:
