@@ -3,6 +3,7 @@ must hold back while a call may be starting."""
 import json
 
 import pytest
+
 from modelplex.llm.tool_parsers import tool_parser
 
 HERMES = tool_parser("hermes")

@@ -47,9 +47,9 @@ def plan_tools(body: ChatCompletionRequest, parser_name: str | None) -> ToolPlan
         return ToolPlan("required", constraint={"json": _required_schema(tools, body.parallel_tool_calls)})
     if not parser_name:
         param = "tools" if choice is None else "tool_choice"
-        raise RequestError(param, f"{param}: model '{body.model}' has no tool_call_parser, so 'auto' tool choice is not available "
-                           "(set the model config parameter tool_call_parser, or use tool_choice 'required' or a "
-                           "named function)")
+        raise RequestError(param, f"{param}: model '{body.model}' has no tool_call_parser, so 'auto' tool choice is "
+                                  "not available (set the model config parameter tool_call_parser, or use "
+                                  "tool_choice 'required' or a named function)")
     try:
         return ToolPlan("auto", parser=tool_parser(parser_name))
     except ValueError as exc:

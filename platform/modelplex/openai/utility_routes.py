@@ -61,17 +61,19 @@ def llm_model(dataplane: DataPlane, name: str | None) -> str:
 def add_routes(router, ctx: RouteContext) -> None:
     dataplane = ctx.dataplane
 
+    # vLLM's /health says the server is alive (its engine runs), not that every model loaded: a model
+    # that failed shows on /v2/health/ready and /v1/models instead.
     @router.get("/health")
     async def health():
-        if not dataplane.ready():
-            raise Unavailable("the server is not ready")
+        if not dataplane.accepting:
+            raise Unavailable("the server is shutting down")
         return Response(status_code=200)
 
     @router.get("/ping")
     @router.post("/ping")
     async def ping():
-        if not dataplane.ready():
-            raise Unavailable("the server is not ready")
+        if not dataplane.accepting:
+            raise Unavailable("the server is shutting down")
         return json_response({})
 
     @router.get("/version")

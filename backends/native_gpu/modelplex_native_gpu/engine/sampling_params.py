@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import InvalidRequestError
-from .structured_output import check_response_format, check_structured_outputs
+from .structured_output import check_response_format, check_structured_outputs, response_format_constraint
 
 MAX_LOGIT_BIAS = 100.0
 
@@ -94,9 +94,7 @@ class SamplingParams:
             return self.structured_outputs
         if self.response_format is None:
             return None
-        if self.response_format["type"] == "json_object":
-            return {"json_object": True}
-        return {"json": self.response_format["json_schema"]["schema"]}
+        return response_format_constraint(self.response_format)
 
     @property
     def has_logits_processors(self) -> bool:

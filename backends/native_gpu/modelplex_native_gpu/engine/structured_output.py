@@ -56,7 +56,8 @@ def check_structured_outputs(value) -> dict | None:
     unknown = sorted(set(value) - set(CONSTRAINT_KINDS) - {"disable_any_whitespace", "disable_fallback",
                                                             "disable_additional_properties", "whitespace_pattern"})
     if unknown:
-        raise InvalidRequestError(SO_FIELD, f"unknown key(s) {', '.join(unknown)} (known: {', '.join(CONSTRAINT_KINDS)})")
+        raise InvalidRequestError(SO_FIELD, f"unknown key(s) {', '.join(unknown)} "
+                                            f"(known: {', '.join(CONSTRAINT_KINDS)})")
     given = {k: v for k, v in value.items() if k in CONSTRAINT_KINDS and v not in (None, False)}
     if not given:
         return None
@@ -74,6 +75,13 @@ def check_structured_outputs(value) -> dict | None:
     if not valid:
         raise InvalidRequestError(SO_FIELD, f"{kind}: wrong type or empty")
     return {kind: spec}
+
+
+def response_format_constraint(response_format: dict) -> dict:
+    """A checked response_format (json_object / json_schema) in structured_outputs' shape."""
+    if response_format["type"] == "json_object":
+        return {"json_object": True}
+    return {"json": response_format["json_schema"]["schema"]}
 
 
 def constraint_field(params) -> str:
@@ -106,6 +114,8 @@ class StructuredOutputs:
         InvalidRequestError naming `field`. Safe from any thread (the serving layer compiles off the
         event loop before submitting; xgrammar caches what it compiled)."""
         compiler = self._get_compiler()
+        if "type" in constraint:  # a response_format as SamplingParams holds it
+            constraint = response_format_constraint(constraint)
         (kind, spec), = constraint.items()
         try:
             if kind == "json_object":  # any JSON object (xgrammar's built-in JSON allows arrays)
