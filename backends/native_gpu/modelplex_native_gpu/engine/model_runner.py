@@ -18,6 +18,7 @@ from ..loader import LoadedWeights
 from ..models import model_class
 from .cuda_graphs import CudaGraphRunner
 from .kv_cache_groups import group_layers, group_size
+from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .sampler import Sampler, SamplerOutput
 from .scheduler import SchedulerOutput
 
@@ -134,6 +135,8 @@ class ModelRunner:
             hidden = self.graphs.run(input_ids, positions, metas[0])
         else:
             hidden = self.model(input_ids, positions, metas)
+        if wants_prompt_logprobs(out):
+            record_prompt_logprobs(self.model, hidden, out, order)
         if not sample_indices:
             return SamplerOutput.empty(len(out.requests))
         logits = self.model.compute_logits(hidden[sample_rows])
