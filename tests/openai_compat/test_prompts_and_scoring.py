@@ -71,7 +71,7 @@ def test_unknown_fields_are_warned_once(client, compat_server):
 
 
 def test_strict_fields_refuse_them():
-    """The policy the server builds with --openai-strict-fields (its flag, test_cli covers parsing)."""
+    """The policy the server builds with --openai-strict-fields (ServerConfig.openai_strict_fields)."""
     from modelplex.openai.errors import RequestError
     from modelplex.openai.fields import FieldPolicy
     from modelplex.openai.schemas import CompletionRequest
