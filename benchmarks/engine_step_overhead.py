@@ -42,12 +42,12 @@ PHASES = [
 
 def tiny_loaded(hidden: int, layers: int, vocab: int):
     from modelplex_native_gpu.loader import LoadedWeights
-    from modelplex_native_gpu.models.config import LlamaArchConfig
+    from modelplex_native_gpu.models.config import ArchConfig
 
     values = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=2 * hidden, vocab_size=vocab, max_position_embeddings=4096, eos_token_id=1,
                   tie_word_embeddings=True)
-    cfg = LlamaArchConfig.from_hf(values)
+    cfg = ArchConfig.from_hf(values)
     g = torch.Generator().manual_seed(0)
     head_dim, kv = hidden // 4, 2 * (hidden // 4)
 

@@ -19,14 +19,14 @@ def tiny_llama(device: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from modelplex_native_gpu.loader import LoadedWeights
-    from modelplex_native_gpu.models.config import LlamaArchConfig
+    from modelplex_native_gpu.models.config import ArchConfig
 
     values = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=256, vocab_size=512, max_position_embeddings=512, eos_token_id=1)
     torch.manual_seed(0)
     with torch.device(device):
         hf = LlamaForCausalLM(LlamaConfig(**values))
-    return LoadedWeights(LlamaArchConfig.from_hf(values), dict(hf.state_dict()))
+    return LoadedWeights(ArchConfig.from_hf(values), dict(hf.state_dict()))
 
 
 @pytest.mark.gpu
