@@ -59,8 +59,11 @@ def report(records: list[dict], names: tuple[str, str], args) -> str:
     lines = [f"# Host A/B at c={CONCURRENCY}: {names[0]} vs {names[1]}", "",
              f"`benchmarks/host_ab.py`, {args.runs} rounds x {args.seconds:.0f} s (warm-up {args.warmup:.0f} s), "
              "pairs run back to back, order flipping; req/s median (min-max) over rounds.", "",
-             f"| protocol | client | {names[0]} req/s | {names[1]} req/s | paired ratio median (min-max) |",
-             "|---|---|---|---|---|"]
+             "Server CPU µs per request (its process's CPU time over a run / requests answered) moves far less "
+             "with the machine's other load than req/s does.", "",
+             f"| protocol | client | {names[0]} req/s | {names[1]} req/s | paired req/s ratio median (min-max) | "
+             f"server CPU µs/req {names[0]} / {names[1]} (medians) |",
+             "|---|---|---|---|---|---|"]
     for protocol, client in cells:
         by = {n: {r["round"]: r["rps"] for r in records if (r["server"], r["protocol"], r["client"]) ==
                   (n, protocol, client)} for n in names}
@@ -71,8 +74,11 @@ def report(records: list[dict], names: tuple[str, str], args) -> str:
             return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})" if values else "-"
 
         ratio = (f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})" if ratios else "-")
+        cpu = [statistics.median([r["cpu_us_per_req"] for r in records if r.get("cpu_us_per_req") and
+                                  (r["server"], r["protocol"], r["client"]) == (n, protocol, client)] or [0])
+               for n in names]
         lines.append(f"| {protocol} | {client} | {cell(list(by[names[0]].values()))} | "
-                     f"{cell(list(by[names[1]].values()))} | {ratio} |")
+                     f"{cell(list(by[names[1]].values()))} | {ratio} | {cpu[0]:.1f} / {cpu[1]:.1f} |")
     return "\n".join(lines) + "\n"
 
 

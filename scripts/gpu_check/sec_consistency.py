@@ -1,5 +1,6 @@
-"""Batch invariance of the engine in fp32: batched, CUDA-graph vs eager, chunked-prefill, prefix-cached
-and preempted runs give the same greedy tokens as running each prompt alone."""
+"""Batch invariance of the engine in fp32: batched (with and without async scheduling), CUDA-graph vs eager,
+chunked-prefill, prefix-cached and preempted runs give the same greedy tokens as running each prompt alone
+(synchronously)."""
 from __future__ import annotations
 
 import torch
@@ -25,7 +26,7 @@ def run(check, report) -> None:
         return make_engine(loaded, check.device, "float32", max_model_len=MAX_MODEL_LEN,
                            kv_cache_memory_bytes=config.pop("kv_cache_memory_bytes", kv_bytes), **config)
 
-    alone = engine(enable_prefix_caching=False)
+    alone = engine(enable_prefix_caching=False, async_scheduling=False)  # the plain loop: one step at a time
     reference = [alone.generate([p], params)[0][0].token_ids for p in prompts]
     del alone
 
@@ -37,6 +38,9 @@ def run(check, report) -> None:
 
     batched = engine(enable_prefix_caching=False)
     compare("batched", batched.generate(prompts, params))
+    flipped = engine(enable_prefix_caching=False, async_scheduling=not batched.async_scheduling)
+    compare(f"batched, async scheduling {'on' if flipped.async_scheduling else 'off'}", flipped.generate(prompts, params))
+    del flipped
     if check.device.startswith("cuda"):
         eager = engine(enable_prefix_caching=False, enforce_eager=True)
         compare("batched, eager (no CUDA graphs)", eager.generate(prompts, params))

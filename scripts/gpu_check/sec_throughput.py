@@ -40,11 +40,10 @@ def run(check, report) -> None:
     hf = make_hf_model(sizes.shape, "bfloat16", check.device, seed=0, max_positions=4096)
     loaded = loaded_weights(hf, sizes.shape, max_positions=4096)
     prompts = random_prompts([sizes.prompt_len] * sizes.batch, sizes.shape.vocab, seed=7)
-    for eager in ((False, True) if cuda else (True,)):
-        mode = "eager" if eager else "CUDA graphs"
+    for mode, eager, async_scheduling in modes(cuda):
         engine = make_engine(loaded, check.device, "bfloat16", max_model_len=1024, kv_cache_memory_bytes=sizes.kv_bytes,
-                             enforce_eager=eager, max_num_seqs=max(64, sizes.batch))
-        if not eager:
+                             enforce_eager=eager, async_scheduling=async_scheduling, max_num_seqs=max(64, sizes.batch))
+        if not eager and async_scheduling:
             report.result("weight bytes", engine.runner.weight_bytes,
                           text=f"weights read per decode step: {engine.runner.weight_bytes / 1e9:.3f} GB")
         rate = single_stream(engine, prompts[0], sizes.single_new_tokens)
@@ -77,6 +76,15 @@ def run(check, report) -> None:
         peft_rate(check, report, hf, adapters, prompts, names, sizes)
     except Exception as exc:
         report.note(f"transformers + PEFT mixed-adapter batch failed: {type(exc).__name__}: {exc}")
+
+
+def modes(cuda: bool) -> list[tuple[str, bool, bool]]:
+    """(label, enforce_eager, async_scheduling): the engine's CUDA default (graphs, async scheduling) keeps the
+    labels of earlier reports; each mode also runs without async scheduling. The dry run covers both loops."""
+    if not cuda:
+        return [("eager", True, False), ("eager, async scheduling", True, True)]
+    return [("CUDA graphs", False, True), ("CUDA graphs, no async scheduling", False, False),
+            ("eager", True, True), ("eager, no async scheduling", True, False)]
 
 
 def free_memory(device: str) -> None:

@@ -55,6 +55,17 @@ def test_prefix_cached(family, engine_for):
     assert_no_leak(engine)
 
 
+def test_async_scheduling_only_for_one_kv_cache_group(family, engine_for):
+    """Asked for async scheduling: Qwen3 and Phi-3 (one KV-cache group; Phi-3's has a window, so blocks are
+    handed back while rows of the persistent inputs are written incrementally) overlap their steps; Gemma 2
+    and 3 (several groups) step synchronously. Greedy output as HF's either way."""
+    name, folder, _, want = family
+    engine = engine_for(folder, async_scheduling=True, max_num_batched_tokens=7)
+    assert engine.async_scheduling == (len(engine.runner.kv_groups) == 1) == (name in ("qwen3", "phi3")), name
+    assert greedy(engine, PROMPTS) == want, name
+    assert_no_leak(engine)
+
+
 def test_gguf_same_weights_same_output(family, write_gguf, tmp_path, engine_for):
     name, _, model, want = family
     path = tmp_path / f"{name}.gguf"

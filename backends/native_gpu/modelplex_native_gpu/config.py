@@ -28,6 +28,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.8
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # CUDA: launch every kernel of every step instead of replaying CUDA graphs
+    # Schedule and launch step N+1 before step N's tokens are read back (its sampled ids feed N+1 on the
+    # device); an EOS or stop string then ends a request one step late, its extra token dropped. None: on CUDA.
+    # Models with several KV-cache groups (sliding windows: Gemma 2/3) always step synchronously.
+    async_scheduling: bool | None = None
     max_model_len: int | None = None
     num_threads: int | None = None
     adaptive_threads: bool = True  # CPU: fewer threads while other processes keep the cores busy

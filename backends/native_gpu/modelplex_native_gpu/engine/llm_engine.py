@@ -55,6 +55,7 @@ class _Completion:
     detokenizer: IncrementalDetokenizer | None
     num_emitted: int = 0
     lora_id: int | None = None  # pinned in the LoRA manager until the completion ends
+    needs_sync: bool = False  # its next step needs its last token (logprobs, penalties, grammar)
 
 
 class LLMEngine:
@@ -74,7 +75,8 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, arch.max_position_embeddings)
         self.runner = ModelRunner(ModelRunnerConfig(device, dtype, config.block_size, self.max_model_len,
                                                     cuda_graphs=not config.enforce_eager,
-                                                    max_num_seqs=config.max_num_seqs), loaded)
+                                                    max_num_seqs=config.max_num_seqs,
+                                                    max_num_batched_tokens=config.token_budget(device)), loaded)
         self.runner.sampler.generator.manual_seed(config.seed)
         num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
         progress(f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens on {device}")
@@ -96,6 +98,14 @@ class LLMEngine:
         self.thread_governor = (ThreadGovernor(torch.get_num_threads())
                                 if device == "cpu" and config.adaptive_threads else None)
         self._completions: dict[str, _Completion] = {}  # engine request id -> completion
+        # Async scheduling: the next step is scheduled and launched before the previous one's tokens are read
+        # back (CUDA by default). Completions needing every token before the next step (logprobs, penalties,
+        # a grammar) make the engine step synchronously while they run. Only models with one KV-cache group:
+        # the runner runs models with several (sliding windows) over per-group inputs built each step.
+        self.async_scheduling = (device.startswith("cuda") if config.async_scheduling is None
+                                 else config.async_scheduling) and len(self.runner.kv_groups) == 1
+        self._in_flight = None  # (SchedulerOutput, StepOutput) of the launched step not yet read back
+        self._num_sync_completions = 0
         self._children: dict[str, list[str]] = {}  # user request id -> engine request ids
         logger.info("engine ready in %.1fs: %s %s, %d KV blocks of %d tokens, max_model_len %d",
                     time.perf_counter() - started, device, dtype, num_blocks, config.block_size, self.max_model_len)
@@ -156,7 +166,10 @@ class LLMEngine:
             request.bad_words = bad_words
             if grammar is not None:
                 request.grammar = StructuredOutputs.matcher(grammar)
-            self._completions[rid] = _Completion(request_id, index, detok, lora_id=lora_ids[index])
+            needs_sync = child.logprobs is not None or child.has_penalties or grammar is not None
+            self._completions[rid] = _Completion(request_id, index, detok, lora_id=lora_ids[index],
+                                                 needs_sync=needs_sync)
+            self._num_sync_completions += needs_sync
             self.scheduler.add_request(request)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
@@ -184,24 +197,40 @@ class LLMEngine:
         """Stop a request now; its blocks return to the pool at once. Unknown ids are ignored."""
         for rid in self._children.pop(request_id, ()):
             self.scheduler.finish_request(rid, RequestStatus.FINISHED_ABORTED)
-            self._release_lora(self._completions.pop(rid, None))
+            self._end_completion(self._completions.pop(rid, None))
 
     def is_active(self, request_id: str) -> bool:
         """True while any completion of the user request is unfinished."""
         return request_id in self._children
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> list[RequestOutput]:
+        """Schedule and launch a step; returns the outputs of the step read back now: this one, or under
+        async scheduling the previous one (read while this one runs on the device)."""
+        outputs = []
+        if self._in_flight is not None and not (self.async_scheduling and self._num_sync_completions == 0):
+            outputs = self._read_back(*self._in_flight)  # a completion that needs every token came in
+            self._in_flight = None
         out = self.scheduler.schedule()
         if out.is_empty:
-            return []
+            if self._in_flight is not None:
+                outputs, self._in_flight = self._read_back(*self._in_flight), None
+            return outputs
         if self.thread_governor is not None:
             self.thread_governor.update()
-        sampled = self.runner.execute(out)
+        launched = self.runner.execute(out)
+        self.scheduler.commit(out)
+        if not self.async_scheduling or self._num_sync_completions:
+            return outputs + self._read_back(out, launched)
+        previous, self._in_flight = self._in_flight, (out, launched)
+        return outputs + (self._read_back(*previous) if previous is not None else [])
+
+    def _read_back(self, out, launched) -> list[RequestOutput]:
+        sampled = launched.result()
         for request, logprobs in zip(out.requests, sampled.logprobs):
             if logprobs is not None:
                 request.logprobs.append(logprobs)
@@ -242,7 +271,7 @@ class LLMEngine:
             first_token_time=request.first_token_time)
 
     def _finish(self, rid: str, parent_id: str):
-        self._release_lora(self._completions.pop(rid, None))
+        self._end_completion(self._completions.pop(rid, None))
         siblings = self._children.get(parent_id)
         if siblings is not None and all(s not in self._completions for s in siblings):
             del self._children[parent_id]
@@ -253,8 +282,11 @@ class LLMEngine:
         except NotFound as exc:  # n pins of one adapter: the first one fails or none does
             raise AdapterNotFoundError(exc.message) from None
 
-    def _release_lora(self, completion: _Completion | None):
-        if completion is not None and completion.lora_id is not None:
+    def _end_completion(self, completion: _Completion | None):
+        if completion is None:
+            return
+        self._num_sync_completions -= completion.needs_sync
+        if completion.lora_id is not None:
             self.lora.manager.release(completion.lora_id)
 
     def generate(self, prompts: list, sampling_params: SamplingParams | None = None,

@@ -1,13 +1,16 @@
 """ModelRunner: owns the model and the KV cache tensors; turns a SchedulerOutput into one forward pass.
 
 The step's tokens are flattened without padding (decodes first), with positions and slot_mapping
-computed from the block tables. The runner decides nothing: it runs what the scheduler chose.
+computed from the block tables. The runner decides nothing: it runs what the scheduler chose. A model with
+one KV-cache group runs over persistent step inputs (engine/step_inputs.py), with CUDA graphs and async
+scheduling; one with several (sliding windows) builds each group's AttentionMetadata per step and runs eagerly.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import InvalidConfigError
@@ -16,11 +19,12 @@ from ..layers.linear import Linear, can_pack
 from ..layers.norm import RMSNorm
 from ..loader import LoadedWeights
 from ..models import model_class
-from .cuda_graphs import CudaGraphRunner
+from .cuda_graphs import CudaGraphRunner, capture_sizes
 from .kv_cache_groups import group_layers, group_size
 from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .sampler import Sampler, SamplerOutput
 from .scheduler import SchedulerOutput
+from .step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +39,7 @@ class ModelRunnerConfig:
     max_model_len: int
     cuda_graphs: bool = False  # decode-only steps replay captured CUDA graphs (CUDA only)
     max_num_seqs: int = 128  # the largest decode batch a graph is captured for
+    max_num_batched_tokens: int = 2048  # the most tokens a step runs
 
 
 class ModelRunner:
@@ -71,10 +76,16 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.num_blocks = 0
         self.lora = None  # engine.lora.EngineLoRA when LoRA is on; it sets each step's token -> slot mapping
+        max_rows = max(cfg.max_num_seqs, capture_sizes(cfg.max_num_seqs)[-1])  # a padded graph batch included
+        self.inputs = StepInputs(max(cfg.max_num_batched_tokens, max_rows), max_rows,
+                                 -(-cfg.max_model_len // self.block_size), self.device)
+        self._previous = None  # the last step's sampled ids on the device and each request's row in them
+        self._sampled_host, self._sampled_parity = [], 0
+        if self.device.type == "cuda":
+            self._sampled_host = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         self.graphs = None
-        if cfg.cuda_graphs and self.device.type == "cuda":
-            self.graphs = CudaGraphRunner(self.model, cfg.max_num_seqs, -(-cfg.max_model_len // self.block_size),
-                                          self.device)
+        if cfg.cuda_graphs and self.device.type == "cuda" and len(self.kv_groups) == 1:
+            self.graphs = CudaGraphRunner(self.model, cfg.max_num_seqs, self.inputs.device_views)
 
     @property
     def bytes_per_block(self) -> int:
@@ -123,55 +134,169 @@ class ModelRunner:
         return num_blocks
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> SamplerOutput:
-        """Run one step; returns a sampled token for each request whose scheduled tokens reach its end."""
-        input_ids, positions, metas, sample_rows, sample_indices, order = self._prepare(out)
-        if self.lora is not None:  # the mapping follows the flattened rows, which _prepare reorders
+    def execute(self, out: SchedulerOutput) -> StepOutput:
+        """Launch one step; the sampled tokens (one for each request whose scheduled tokens reach its end) are
+        read from the returned StepOutput, which on CUDA may wait for the device. Tokens that were still on
+        the device (`num_output_placeholders`) are taken from the previous step's sampled ids.
+
+        A model with one KV-cache group runs over the persistent step inputs, decode-only steps replaying CUDA
+        graphs; one with several (sliding windows) builds one AttentionMetadata per group and runs eagerly (its
+        graphs would need a block table per group), and the engine steps it synchronously."""
+        order, num_decodes = self._order(out)
+        if self.lora is not None:  # the mapping follows the flattened rows
             self.lora.set_step([out.requests[i] for i in order], [out.num_scheduled_tokens[i] for i in order])
-        # A graph captured without adapters skips the LoRA ops: steps with an adapter run eagerly. So do models
-        # with several KV-cache groups (sliding windows): their graphs would need a block table per group.
-        if (self.graphs is not None and len(metas) == 1 and self.graphs.can_run(len(input_ids), metas[0])
-                and (self.lora is None or self.lora.model.context.mapping is None)):
-            hidden = self.graphs.run(input_ids, positions, metas[0])
-        else:
+        if len(self.kv_groups) > 1:
+            input_ids, positions, metas, sample_rows, sample_indices = self._prepare_groups(out, order, num_decodes)
             hidden = self.model(input_ids, positions, metas)
-        if wants_prompt_logprobs(out):
+        else:
+            # A graph captured without adapters skips the LoRA ops: steps with an adapter run eagerly.
+            graph_size = None
+            if self.graphs is not None and num_decodes == len(order) and (
+                    self.lora is None or self.lora.model.context.mapping is None):
+                graph_size = self.graphs.padded_size(num_decodes)
+            input_ids, positions, meta, sample_rows, sample_indices = self._prepare(out, order, num_decodes,
+                                                                                    graph_size)
+            if graph_size is not None:
+                hidden = self.graphs.run(num_decodes, graph_size)
+            else:
+                hidden = self.model(input_ids, positions, [meta])
+        if wants_prompt_logprobs(out):  # prefill rows, in `order` (a graph's padding rows come after them)
             record_prompt_logprobs(self.model, hidden, out, order)
         if not sample_indices:
-            return SamplerOutput.empty(len(out.requests))
-        logits = self.model.compute_logits(hidden[sample_rows])
-        return self.sampler.sample(logits, [out.requests[i] for i in sample_indices], sample_indices,
-                                   len(out.requests))
+            self._previous = None
+            return StepOutput(len(out.requests), [], None)
+        if len(sample_indices) < hidden.shape[0]:
+            hidden = hidden[sample_rows]
+        return self._sample(self.model.compute_logits(hidden), out, sample_indices)
 
-    def _prepare(self, out: SchedulerOutput):
-        """Flatten the step: one-token rows (decodes) first, longest context first so the CPU decode path
-        gathers sequences of similar length together; then the prefill chunks in scheduling order."""
-        dev = self.device
-        scheduled = list(zip(out.requests, out.num_scheduled_tokens))
-        decodes = sorted((i for i, (_, n) in enumerate(scheduled) if n == 1),
-                         key=lambda i: -scheduled[i][0].num_computed_tokens)
-        order = decodes + [i for i, (_, n) in enumerate(scheduled) if n != 1]
-        input_ids, starts, lens, sample_rows, sample_indices = [], [], [], [], []
-        for i in order:
-            request, n = scheduled[i]
+    def _sample(self, logits: torch.Tensor, out: SchedulerOutput, sample_indices: list[int]) -> StepOutput:
+        """Plain rows (no logprobs, penalties or grammar) stay on the device: greedy ones by one argmax, and
+        one small copy into pinned memory brings the ids back; other steps take the sampler's full path."""
+        requests = [out.requests[i] for i in sample_indices]
+        token_ids = self.sampler.sample_on_device(logits, requests)
+        if token_ids is None:  # the full path: host lists
+            sampled = self.sampler.sample(logits, requests, sample_indices, len(out.requests))
+            self._previous = None
+            return StepOutput(len(out.requests), sample_indices, None, sampled)
+        self._previous = (token_ids, {r.request_id: k for k, r in enumerate(requests)})
+        if self.device.type == "cuda":  # two buffers: this step's ids may land before the last step's are read
+            self._sampled_parity ^= 1
+            host = self._sampled_host[self._sampled_parity][:len(requests)]
+            host.copy_(token_ids, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            return StepOutput(len(out.requests), sample_indices, host, ready=done)
+        return StepOutput(len(out.requests), sample_indices, token_ids)
+
+    @staticmethod
+    def _order(out: SchedulerOutput) -> tuple[list[int], int]:
+        """One-token rows (decodes) first, longest context first so the CPU decode path gathers sequences of
+        similar length together; then the prefill chunks in scheduling order."""
+        decodes = sorted((i for i, n in enumerate(out.num_scheduled_tokens) if n == 1),
+                         key=lambda i: -out.requests[i].num_computed_tokens)
+        return decodes + [i for i, n in enumerate(out.num_scheduled_tokens) if n != 1], len(decodes)
+
+    def _rows(self, out: SchedulerOutput, order: list[int], write_tables: bool):
+        """The flattened step's token ids (0 for a token still on the device), each row's start and length,
+        the rows that sample and their requests' indices, and for each token still on the device its index in
+        the token ids (dst) and its row in the previous step's sampled ids (src). With `write_tables`, each
+        row's block table (of the one KV-cache group) goes into the persistent inputs."""
+        write = self.inputs.write_block_table if write_tables else None
+        input_ids, starts, lens, sample_rows, sample_indices, dst, src = [], [], [], [], [], [], []
+        previous_rows = self._previous[1] if self._previous is not None else None
+        for row, i in enumerate(order):
+            request, n = out.requests[i], out.num_scheduled_tokens[i]
             start = request.num_computed_tokens
-            input_ids.extend(request.all_token_ids[start:start + n])
+            known = request.all_token_ids[start:start + n]
+            if len(known) < n:  # the last token was sampled by the step still in flight
+                dst.append(len(input_ids) + len(known))
+                src.append(previous_rows[request.request_id])
+                known.append(0)
+            input_ids.extend(known)
             starts.append(start)
             lens.append(n)
-            if start + n == request.num_tokens:
+            if start + n >= request.num_tokens + request.num_output_placeholders:
                 sample_rows.append(len(input_ids) - 1)
                 sample_indices.append(i)
+            if write is not None:
+                write(row, request, out.block_tables[i][0])
+        return input_ids, starts, lens, sample_rows, sample_indices, dst, src
+
+    def _prepare(self, out: SchedulerOutput, order: list[int], nd: int, graph_size: int | None):
+        """One KV-cache group: fill the persistent inputs for the flattened step (rows in `order`, `nd`
+        decodes first), padded to `graph_size` rows for a CUDA graph, and send them in one copy."""
+        bs, inputs = self.block_size, self.inputs
+        host = inputs.begin_step()
+        input_ids, starts, lens, sample_rows, sample_indices, dst, src = self._rows(out, order, True)
+        rows, num_tokens = len(order), len(input_ids)
+        padded = graph_size or rows
+        if padded > rows:
+            inputs.clear_rows(rows, padded)
+        tables = host["block_tables"]
+        starts_np = np.array(starts, dtype=np.int64)
+        host["input_ids"][:num_tokens] = input_ids
+        if nd == rows:  # decodes only: one token per row
+            positions = starts_np
+        else:
+            lens_np = np.array(lens, dtype=np.int64)
+            req_index = np.repeat(np.arange(rows), lens_np)
+            cu = np.zeros(rows + 1, dtype=np.int64)
+            np.cumsum(lens_np, out=cu[1:])
+            positions = np.arange(num_tokens) - cu[req_index] + starts_np[req_index]
+            host["cu_seqlens"][:rows - nd + 1] = cu[nd:] - cu[nd]
+        host["positions"][:num_tokens] = positions
+        row_of_token = np.arange(rows) if nd == rows else req_index
+        host["slot_mapping"][:num_tokens] = tables[row_of_token, positions // bs] * bs + positions % bs
+        host["context_lens"][:rows] = starts_np + (1 if nd == rows else lens_np)
+        if padded > rows:  # padding rows write no KV and attend over one token of the null block
+            host["input_ids"][rows:padded] = 0
+            host["positions"][rows:padded] = 0
+            host["slot_mapping"][rows:padded] = -1
+            host["context_lens"][rows:padded] = 1
+        host["sample_rows"][:len(sample_rows)] = sample_rows
+        host["token_dst"][:len(dst)] = dst
+        host["token_src"][:len(src)] = src
+        inputs.copy_to_device(padded)
+        views = inputs.device_views
+        if dst:  # tokens still on the device go from the previous step's ids into this step's input ids
+            ids = self._previous[0].index_select(0, views["token_src"][:len(src)])
+            views["input_ids"].index_copy_(0, views["token_dst"][:len(dst)], ids)
+        num_padded_tokens = num_tokens + padded - rows
+        max_blocks = -(-int(host["context_lens"][:rows].max()) // bs)
+        decode_tables = decode_lens = plan = None
+        if nd:
+            # Decode attention reads max_decode_blocks blocks per sequence: trim the padding prefills add.
+            max_decode_blocks = -(-(starts[0] + 1) // bs)
+            decode_tables = views["block_tables"][:padded if nd == rows else nd, :max_decode_blocks]
+            decode_lens = views["context_lens"][:padded if nd == rows else nd]
+            plan = self.kernels.plan_decode(decode_tables, decode_lens, bs)
+        meta = AttentionMetadata(
+            slot_mapping=views["slot_mapping"][:num_padded_tokens], num_decode_tokens=nd if nd < rows else padded,
+            decode_block_tables=decode_tables, decode_context_lens=decode_lens,
+            prefill_block_tables=views["block_tables"][nd:rows, :max_blocks],
+            prefill_cu_seqlens_q=views["cu_seqlens"][:rows - nd + 1],
+            prefill_context_lens=views["context_lens"][nd:rows],
+            max_prefill_query_len=max(lens[nd:], default=0), decode_plan=plan)
+        return (views["input_ids"][:num_padded_tokens], views["positions"][:num_padded_tokens], meta,
+                views["sample_rows"][:len(sample_rows)], sample_indices)
+
+    def _prepare_groups(self, out: SchedulerOutput, order: list[int], nd: int):
+        """Several KV-cache groups: the flattened step's tensors and one AttentionMetadata per group (rows in
+        `order`, `nd` decodes first)."""
+        dev = self.device
+        input_ids, starts, lens, sample_rows, sample_indices, dst, src = self._rows(out, order, False)
         lens_t, starts_t = torch.tensor(lens), torch.tensor(starts)
         req_index = torch.repeat_interleave(torch.arange(len(lens)), lens_t)
         cu = torch.zeros(len(lens) + 1, dtype=torch.int64)
         torch.cumsum(lens_t, 0, out=cu[1:])
         positions = torch.arange(len(input_ids)) - cu[req_index] + starts_t[req_index]
         context_lens = (starts_t + lens_t).to(torch.int32)
-        nd = len(decodes)
         step = (positions, req_index, cu, context_lens, lens, starts, nd)
         metas = [self._group_meta([out.block_tables[i][g] for i in order], step) for g in range(len(self.kv_groups))]
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        return ids, positions.to(dev), metas, torch.tensor(sample_rows, device=dev), sample_indices, order
+        if dst:  # the engine steps these models synchronously, so only if that changes
+            ids[torch.tensor(dst, device=dev)] = self._previous[0][torch.tensor(src, device=dev)]
+        return ids, positions.to(dev), metas, torch.tensor(sample_rows, device=dev), sample_indices
 
     def _group_meta(self, block_tables: list[list[int]], step) -> AttentionMetadata:
         """One KV-cache group's view of the step: its block tables and the slots its layers write."""
@@ -193,3 +318,24 @@ class ModelRunner:
             prefill_cu_seqlens_q=(cu[nd:] - cu[nd]).to(torch.int32).to(dev),
             prefill_context_lens=context_lens[nd:].to(dev),
             max_prefill_query_len=max(lens[nd:], default=0), decode_plan=plan)
+
+
+class StepOutput:
+    """One step's sampled tokens, aligned with the step's requests (None where a request did not sample).
+    On CUDA the ids arrive in pinned memory; `result()` waits for them once."""
+
+    def __init__(self, num_requests: int, sample_indices: list[int], ids: torch.Tensor | None,
+                 sampled: SamplerOutput | None = None, ready=None):
+        self.num_requests, self.sample_indices, self._ids, self._ready = num_requests, sample_indices, ids, ready
+        self._sampled = sampled
+
+    def result(self) -> SamplerOutput:
+        if self._sampled is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            result = SamplerOutput.empty(self.num_requests)
+            if self._ids is not None:
+                for i, token in zip(self.sample_indices, self._ids.tolist()):
+                    result.token_ids[i] = token
+            self._sampled = result
+        return self._sampled

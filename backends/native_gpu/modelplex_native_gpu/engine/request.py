@@ -51,6 +51,9 @@ class EngineRequest:
         self.all_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens sampled by a launched step but not yet read back (async scheduling): they count as computed
+        # and as known to the scheduler, but all_token_ids does not hold them yet.
+        self.num_output_placeholders = 0
         self.num_cached_tokens = 0  # prefix-cache hit length at first schedule
         self.block_hashes: list[tuple] = []
         self.status = RequestStatus.WAITING

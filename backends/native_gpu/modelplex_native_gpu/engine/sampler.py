@@ -56,12 +56,26 @@ class Sampler:
                 result.logprobs[i] = top_logprobs(raw_logprobs[row], token, params[row].logprobs)
         return result
 
+    def sample_on_device(self, logits: torch.Tensor, requests: list[EngineRequest]) -> torch.Tensor | None:
+        """The sampled ids [S] as a device tensor (nothing waits for the device), for rows that need no
+        logprobs, penalties or grammar; None when some row does (`sample` then does it all)."""
+        for r in requests:
+            p = r.sampling_params
+            if p.logprobs is not None or p.has_penalties or r.grammar is not None:
+                return None
+        if all(r.sampling_params.is_greedy for r in requests):
+            return logits.argmax(dim=-1)
+        return self._sample_tensor(logits, requests)
+
     def _sample_processed(self, logits: torch.Tensor, requests: list[EngineRequest]) -> list[int]:
+        return self._sample_tensor(logits, requests).tolist()
+
+    def _sample_tensor(self, logits: torch.Tensor, requests: list[EngineRequest]) -> torch.Tensor:
         params = [r.sampling_params for r in requests]
         greedy = logits.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if not random_rows:
-            return greedy.tolist()
+            return greedy
         sub = logits[random_rows] / torch.tensor([params[i].temperature for i in random_rows],
                                                  device=logits.device)[:, None]
         sorted_logits, sorted_ids = sub.sort(dim=-1, descending=True)
@@ -73,7 +87,7 @@ class Sampler:
         choice = (probs / noise).argmax(dim=-1, keepdim=True)
         sampled = sorted_ids.gather(1, choice).squeeze(1)
         greedy[random_rows] = sampled
-        return greedy.tolist()
+        return greedy
 
     def _generator_for(self, request: EngineRequest) -> torch.Generator:
         seed = request.sampling_params.seed

@@ -29,6 +29,7 @@ class SchedulerOutput:
     block_tables: list[list[list[int]]] = field(default_factory=list)  # per request, one per KV-cache group
     preempted_request_ids: list[str] = field(default_factory=list)
     finished_request_ids: list[str] = field(default_factory=list)
+    is_committed: bool = False  # Scheduler.commit has advanced the requests' progress
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -70,20 +71,31 @@ class Scheduler:
         out = SchedulerOutput(finished_request_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.max_num_batched_tokens
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        decodes, prefills = [], []
+        for r in self.running:
+            num_left = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
+            if num_left == 1 and not (r.num_output_placeholders and self._is_last_token_pending(r)):
+                decodes.append(r)
+            elif num_left > 1:
+                prefills.append(r)
         for request in decodes + prefills:
             if budget == 0:
                 break
             if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget)
             if not self._allocate_or_preempt(request, num_new, out):
                 continue
             self._add(out, request, num_new)
             budget -= num_new
         self._schedule_waiting(out, budget)
         return out
+
+    def _is_last_token_pending(self, request: EngineRequest) -> bool:
+        """The token still on its way ends the request by length: nothing more to schedule for it."""
+        num_output = request.num_output_tokens + request.num_output_placeholders
+        return (num_output >= request.sampling_params.max_tokens
+                or request.num_tokens + request.num_output_placeholders >= self.max_model_len)
 
     def _allocate_or_preempt(self, request: EngineRequest, num_new: int, out: SchedulerOutput) -> bool:
         """Allocate, preempting the lowest-priority newest running request until it fits."""
@@ -114,6 +126,8 @@ class Scheduler:
             lora.begin_step(self.running)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.num_output_placeholders:  # preempted with a token in flight: admitted once it is known
+                break
             if lora is not None and not lora.admit(request):  # its adapter has no device slot yet
                 held_back.append(self.waiting.pop(0))
                 continue
@@ -139,17 +153,29 @@ class Scheduler:
         out.num_scheduled_tokens.append(num_new)
         out.block_tables.append(self.kv_cache_manager.block_tables(request.request_id))
 
-    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: list[int | None]) -> list[EngineRequest]:
-        """Advance progress and append sampled tokens; returns the requests that got a new token.
-
-        `sampled_token_ids[i]` is None for a request whose prefill chunk did not reach its end.
-        """
-        updated = []
-        for request, num_new, token_id in zip(out.requests, out.num_scheduled_tokens, sampled_token_ids):
-            if request.is_finished:  # aborted while the step ran
-                continue
+    def commit(self, out: SchedulerOutput) -> None:
+        """The step is launched: advance each request's progress, and count the token each request whose
+        scheduled tokens reach its end will sample as a placeholder until update_from_output brings it.
+        The next step can then be scheduled before this one's tokens are read back (async scheduling)."""
+        for request, num_new in zip(out.requests, out.num_scheduled_tokens):
+            samples = request.num_computed_tokens + num_new == request.num_tokens + request.num_output_placeholders
             request.num_computed_tokens += num_new
+            request.num_output_placeholders += samples
+        out.is_committed = True
+
+    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: list[int | None]) -> list[EngineRequest]:
+        """Append sampled tokens (committing the step first if it was not); returns the requests that got a
+        new token. `sampled_token_ids[i]` is None for a request whose prefill chunk did not reach its end.
+        A request that finished while the step ran (abort, a stop string, or its previous token under async
+        scheduling) drops its token."""
+        if not out.is_committed:
+            self.commit(out)
+        updated = []
+        for request, token_id in zip(out.requests, sampled_token_ids):
             if token_id is None:
+                continue
+            request.num_output_placeholders -= 1
+            if request.is_finished:
                 continue
             request.append_token(token_id)
             self._check_stop(request, token_id)
@@ -184,6 +210,8 @@ class Scheduler:
     def _free(self, request: EngineRequest):
         if request in self.running:
             self.running.remove(request)
+        elif request in self.waiting:  # preempted while its last token was in flight
+            self.waiting.remove(request)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)
