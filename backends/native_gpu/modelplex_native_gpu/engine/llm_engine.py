@@ -55,7 +55,7 @@ class _Completion:
     detokenizer: IncrementalDetokenizer | None
     num_emitted: int = 0
     lora_id: int | None = None  # pinned in the LoRA manager until the completion ends
-    needs_sync: bool = False  # its next step needs its last token (logprobs, penalties, grammar)
+    needs_sync: bool = False  # its next step needs its last token (logprobs, penalties, logits processors, grammar)
 
 
 class LLMEngine:
@@ -100,8 +100,9 @@ class LLMEngine:
         self._completions: dict[str, _Completion] = {}  # engine request id -> completion
         # Async scheduling: the next step is scheduled and launched before the previous one's tokens are read
         # back (CUDA by default). Completions needing every token before the next step (logprobs, penalties,
-        # a grammar) make the engine step synchronously while they run. Only models with one KV-cache group:
-        # the runner runs models with several (sliding windows) over per-group inputs built each step.
+        # logits processors, a grammar) make the engine step synchronously while they run. Only models with one
+        # KV-cache group: the runner runs models with several (sliding windows) over per-group inputs built each
+        # step.
         self.async_scheduling = (device.startswith("cuda") if config.async_scheduling is None
                                  else config.async_scheduling) and len(self.runner.kv_groups) == 1
         self._in_flight = None  # (SchedulerOutput, StepOutput) of the launched step not yet read back
@@ -166,7 +167,9 @@ class LLMEngine:
             request.bad_words = bad_words
             if grammar is not None:
                 request.grammar = StructuredOutputs.matcher(grammar)
-            needs_sync = child.logprobs is not None or child.has_penalties or grammar is not None
+            # min_tokens and bad_words read the output so far: no token may still be on the device
+            needs_sync = (child.logprobs is not None or child.has_penalties or child.has_logits_processors
+                          or grammar is not None)
             self._completions[rid] = _Completion(request_id, index, detok, lora_id=lora_ids[index],
                                                  needs_sync=needs_sync)
             self._num_sync_completions += needs_sync
