@@ -162,6 +162,22 @@ class DataPlane:
                 self._finish(response, mv, targets, classes)
             yield response
 
+    # ---- tokenizer (LLM backends that expose theirs) -----------------------------------------
+    async def tokenize(self, model: str, inputs, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `inputs` (text or chat, `llm.tensor_protocol.GenerateInputs`) by the model's tokenizer."""
+        return await self._first_instance(model).tokenize(inputs, add_special_tokens)
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        return await self._first_instance(model).detokenize(token_ids)
+
+    def _first_instance(self, model: str) -> ModelInstance:
+        if not self.accepting:
+            raise Unavailable("server is shutting down")
+        instances = self.manager.get(model).instances
+        if not instances:
+            raise Unavailable(f"model '{model}' has no instance")
+        return instances[0]
+
     # ---- statistics and repository ------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict:
         if name:

@@ -45,10 +45,10 @@ def test_chat_bad_input(client, fields, param):
 
 @pytest.mark.parametrize("fields, param", [
     ({"prompt": LONG_PROMPT}, "prompt"),
-    ({"prompt": ["one", "two"]}, "prompt"),
+    ({"prompt": ["one", ""]}, "prompt"),
     ({"logprobs": 21}, "logprobs"),
     ({"seed": "abc"}, "seed"),
-    ({"prompt": [[1, 2, 3]]}, "prompt"),  # token-id prompts are not taken
+    ({"prompt": [[1, 2, 3], [49152]]}, "prompt"),  # a token id beyond the vocabulary
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: true
 ])
 def test_completion_bad_input(client, fields, param):

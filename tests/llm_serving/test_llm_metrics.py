@@ -9,7 +9,7 @@ from helpers.llm_serving import MODEL, QUESTION
 from helpers.metrics_doc import undocumented
 from prometheus_client.parser import text_string_to_metric_families
 
-LABELS = {"model": MODEL, "version": "1"}
+LABELS = {"model": MODEL, "version": "1", "model_name": MODEL}
 
 
 def scrape(llm_server) -> dict[str, float]:

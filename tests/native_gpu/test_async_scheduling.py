@@ -92,6 +92,34 @@ def test_logprobs_request_makes_steps_synchronous(make_engine, prompts):
     assert overlapped == sync and sync["q0"][4] == 1  # the last output carries its own token's logprobs
 
 
+def test_logits_processors_apply_and_step_synchronously(make_engine, prompts, tokenizer):
+    """min_tokens and bad_words read the output so far, logit_bias edits the logits: their requests take the
+    sampler's full path and make the engine step synchronously; prompt_logprobs are recorded either way."""
+    paris = tokenizer.encode(" Paris", add_special_tokens=False)[0]
+    requests = [(prompts[0], SamplingParams(temperature=0, max_tokens=24, min_tokens=20)),
+                (prompts[0], SamplingParams(temperature=0, max_tokens=8, bad_words=["Paris"])),
+                (prompts[1], SamplingParams(temperature=0, max_tokens=4, logit_bias={paris: 100})),
+                (prompts[2], SamplingParams(temperature=0, max_tokens=6, prompt_logprobs=1)),
+                (prompts[3], SamplingParams(temperature=0, max_tokens=10))]
+    sync, overlapped = both(make_engine, requests)
+    assert overlapped == sync
+    assert len(sync["q0"][0]) >= 20, "EOS is masked until min_tokens"
+    assert paris not in sync["q1"][0] and "Paris" not in sync["q1"][1]
+    assert sync["q2"][0] == [paris] * 4
+    found = []
+    for async_scheduling in (False, True):
+        engine = make_engine(async_scheduling=async_scheduling)
+        engine.add_request("p", prompts[2], SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1))
+        engine.add_request("q", prompts[1], SamplingParams(temperature=0, max_tokens=6))
+        while engine.has_unfinished_requests():
+            found += [(async_scheduling, o.prompt_logprobs) for o in engine.step()
+                      if o.request_id == "p" and o.prompt_logprobs is not None]
+    sync_lp = [lp for a, lp in found if not a]
+    async_lp = [lp for a, lp in found if a]
+    assert sync_lp and len(sync_lp[-1]) == len(prompts[2]) and [list(e) for e in async_lp[-1]] == [
+        list(e) for e in sync_lp[-1]]
+
+
 def test_block_table_rows_are_written_incrementally():
     inputs = StepInputs(max_num_tokens=8, max_num_rows=4, max_blocks_per_seq=6, device=torch.device("cpu"))
 

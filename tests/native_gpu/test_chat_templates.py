@@ -70,3 +70,31 @@ def test_what_folding_cannot_fix_is_still_refused(tokenizer):
         render_chat(tokenizer, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
     with pytest.raises(InvalidInput, match="System role not supported"):  # nothing to fold it into
         render_chat(tokenizer, [{"role": "system", "content": SYSTEM}])
+
+
+def test_the_request_fields_of_the_openai_routes_apply_while_folding(tokenizer):
+    """A ChatRequest (tools, chat_template_kwargs, add_generation_prompt) renders with the same folding."""
+    from modelplex import llm_protocol
+
+    bos = tokenizer.bos_token
+    chat = llm_protocol.ChatRequest(
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        add_generation_prompt=False)
+    assert render_chat(tokenizer, chat) == f"{bos}<start_of_turn>user\n{SYSTEM}\n\n{QUESTION}<end_of_turn>\n"
+    with pytest.raises(InvalidInput, match="chat_template_kwargs") as refused:
+        render_chat(tokenizer, llm_protocol.ChatRequest(messages=chat.messages, chat_template_kwargs={"tools": []}))
+    assert refused.value.param == "chat_template_kwargs"
+
+
+def test_a_request_template_replaces_the_models_and_its_errors_name_it(tokenizer):
+    from modelplex import llm_protocol
+
+    messages = [{"role": "user", "content": QUESTION}]
+    own = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}{{ suffix }}"
+    chat = llm_protocol.ChatRequest(messages=messages, chat_template=own, chat_template_kwargs={"suffix": "!"})
+    assert render_chat(tokenizer, chat) == f"[user] {QUESTION}!"
+    broken = llm_protocol.ChatRequest(messages=messages, chat_template="{{ raise_exception('no') }}")
+    with pytest.raises(InvalidInput, match="no") as refused:
+        render_chat(tokenizer, broken)
+    assert refused.value.param == "chat_template"

@@ -7,23 +7,38 @@ opening with a system message gets it folded that way and is asked once more.
 """
 from __future__ import annotations
 
-from modelplex import InvalidInput
+from modelplex import InvalidInput, llm_protocol
+
+# set by render_chat's own arguments, never through chat_template_kwargs
+RESERVED_KWARGS = ("conversation", "tools", "chat_template", "tokenize", "add_generation_prompt",
+                   "continue_final_message")
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
-    """The model's chat template over checked messages, ending with the assistant's turn opening."""
-    if tokenizer.chat_template is None:
+def render_chat(tokenizer, chat: llm_protocol.ChatRequest | list[dict]) -> str:
+    """The chat template (the model's, or the request's `chat_template`) over checked messages and tools,
+    ending with the assistant's turn opening (unless `add_generation_prompt` is off or
+    `continue_final_message` continues the last turn). A bare message list is a ChatRequest of it."""
+    if not isinstance(chat, llm_protocol.ChatRequest):
+        chat = llm_protocol.ChatRequest(messages=chat)
+    if not chat.chat_template and tokenizer.chat_template is None:
         raise InvalidInput("messages: this model has no chat template; send text_input", param="messages")
+    kwargs = dict(chat.chat_template_kwargs)
+    for reserved in RESERVED_KWARGS:
+        if reserved in kwargs:
+            raise InvalidInput(f"chat_template_kwargs: '{reserved}' is set by its own field",
+                               param="chat_template_kwargs")
+    param = "chat_template" if chat.chat_template else "messages"
+    # a template may raise anything (jinja raise_exception)
     try:
-        return _apply(tokenizer, messages)
+        return _apply(tokenizer, chat, chat.messages, kwargs)
     except Exception as exc:
-        folded = fold_system_prompt(messages)
+        folded = fold_system_prompt(chat.messages)
         if folded is None:
-            raise InvalidInput(f"messages: the chat template refused them: {exc}", param="messages") from None
+            raise InvalidInput(f"{param}: the chat template refused them: {exc}", param=param) from None
     try:
-        return _apply(tokenizer, folded)
+        return _apply(tokenizer, chat, folded, kwargs)
     except Exception as exc:
-        raise InvalidInput(f"messages: the chat template refused them: {exc}", param="messages") from None
+        raise InvalidInput(f"{param}: the chat template refused them: {exc}", param=param) from None
 
 
 def fold_system_prompt(messages: list[dict]) -> list[dict] | None:
@@ -37,5 +52,9 @@ def fold_system_prompt(messages: list[dict]) -> list[dict] | None:
     return [{**messages[1], "content": f"{system}\n\n{user}"}, *messages[2:]]
 
 
-def _apply(tokenizer, messages: list[dict]) -> str:
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def _apply(tokenizer, chat: llm_protocol.ChatRequest, messages: list[dict], kwargs: dict) -> str:
+    # chat_template None: the tokenizer's own (transformers picks among named ones, e.g. "tool_use")
+    return tokenizer.apply_chat_template(messages, tools=chat.tools, chat_template=chat.chat_template or None,
+                                         add_generation_prompt=chat.add_generation_prompt,
+                                         continue_final_message=chat.continue_final_message,
+                                         tokenize=False, **kwargs)

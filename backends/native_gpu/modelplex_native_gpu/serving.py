@@ -28,10 +28,14 @@ from modelplex import (
     Unsupported,
     llm_protocol,
     params,
+    tool_parser,
 )
 
+from . import vllm_folder
+from .chat_template import render_chat
 from .config import EngineConfig
 from .engine.outputs import RequestOutput
+from .engine.structured_output import constraint_field
 from .errors import AdapterNotFoundError, EngineError
 from .protocol import GenerateCall, make_response, parse_request
 
@@ -41,6 +45,9 @@ _INT_FIELDS = ("block_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache
                "num_threads", "seed", "max_loras", "max_lora_rank", "max_cpu_loras")
 _request_ids = itertools.count()
 QUEUE_SIZE_PARAMETER = "max_queue_size"
+CHAT_TEMPLATE_PARAMETER = "chat_template"  # a Jinja template, or a file (relative to the model folder)
+TOOL_PARSER_PARAMETER = "tool_call_parser"  # read by the OpenAI chat route (modelplex.llm.tool_parsers)
+HOST_PARAMETERS = (QUEUE_SIZE_PARAMETER, LORA_MODULES_PARAMETER, CHAT_TEMPLATE_PARAMETER, TOOL_PARSER_PARAMETER)
 DEFAULT_MAX_QUEUE_SIZE = 256
 RETRY_AFTER_SECONDS = 1.0
 SLOT_HEADROOM = 16
@@ -48,17 +55,20 @@ UNLOAD_POLL_SECONDS = 0.05
 
 
 def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
-    """EngineConfig from the weights location and config.pbtxt `parameters`; unknown keys are errors."""
+    """EngineConfig from the weights location and config.pbtxt `parameters` (after a vLLM folder's
+    model.json); unknown keys are errors."""
     model = ctx.version_path / "model.gguf"
     if not model.is_file():
         model = ctx.version_path
-    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
     settings = {}
+    if vllm_folder.is_vllm_folder(ctx.config):
+        model, settings = vllm_folder.engine_settings(ctx)
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
     for key, value in ctx.parameters.items():
-        if key in (QUEUE_SIZE_PARAMETER, LORA_MODULES_PARAMETER):  # read by the instance and the host
+        if key in HOST_PARAMETERS:  # read by the instance, the host or the OpenAI routes
             continue
         if key not in fields:
-            known = sorted(fields | {QUEUE_SIZE_PARAMETER})
+            known = sorted(fields | set(HOST_PARAMETERS))
             raise InvalidInput(f"model '{ctx.name}': unknown parameter '{key}' (known: {known})")
         try:
             if key in _INT_FIELDS:
@@ -91,8 +101,36 @@ def max_queue_size(ctx: ModelContext) -> int:
 
 
 def auto_complete_config(ctx: ModelContext) -> None:
-    """Declare the LLM protocol's tensors (`modelplex.llm.tensor_protocol`) when config.pbtxt lists none."""
-    llm_protocol.declare_generate_tensors(ctx.config)
+    """Declare the LLM protocol's tensors (`modelplex.llm.tensor_protocol`) when config.pbtxt lists none;
+    a Triton vLLM-backend folder gets that backend's tensors and decoupled (`vllm_folder`)."""
+    if vllm_folder.is_vllm_folder(ctx.config):
+        vllm_folder.auto_complete(ctx)
+    else:
+        llm_protocol.declare_generate_tensors(ctx.config)
+
+
+def chat_template(ctx: ModelContext) -> str | None:
+    """The `chat_template` parameter: a file's text (relative to the model folder, or absolute), or the template."""
+    value = ctx.parameters.get(CHAT_TEMPLATE_PARAMETER)
+    if not value:
+        return None
+    if "{" not in value:  # a path: templates always hold Jinja blocks
+        path = ctx.model_path / value
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise InvalidInput(f"model '{ctx.name}': parameter '{CHAT_TEMPLATE_PARAMETER}' names {path}, which "
+                               f"cannot be read: {exc.strerror}") from None
+    return value
+
+
+def check_tool_parser(ctx: ModelContext) -> None:
+    name = ctx.parameters.get(TOOL_PARSER_PARAMETER)
+    if name:
+        try:
+            tool_parser(name)
+        except ValueError as exc:
+            raise InvalidInput(f"model '{ctx.name}': parameter '{TOOL_PARSER_PARAMETER}': {exc}") from None
 
 
 def engine_phases(output: RequestOutput) -> list[tuple[str, int, int, dict]] | None:
@@ -104,6 +142,13 @@ def engine_phases(output: RequestOutput) -> list[tuple[str, int, int, dict]] | N
     return [("engine queue", arrival, scheduled, {}),
             ("prefill", scheduled, first_token, {"llm.num_prompt_tokens": output.num_prompt_tokens,
                                                  "llm.num_cached_tokens": output.num_cached_tokens})]
+
+
+def engine_times(output: RequestOutput) -> tuple[float, float] | None:
+    """(queue, prefill) seconds of a request once its first token came (the metrics' phases)."""
+    if output.first_scheduled_time is None or output.first_token_time is None:
+        return None
+    return (output.first_scheduled_time - output.arrival_time, output.first_token_time - output.first_scheduled_time)
 
 
 class LLMInstance(ModelInstance):
@@ -122,11 +167,16 @@ class LLMInstance(ModelInstance):
 
         device = "cuda:%d" % ictx.device_id if ictx.kind == "GPU" else ("cpu" if ictx.kind == "CPU" else None)
         self.max_queue_size = max_queue_size(ictx.model)
+        check_tool_parser(ictx.model)
+        template = chat_template(ictx.model)
         config = engine_config(ictx.model, device)
         try:
             self.engine = AsyncLLMEngine(LLMEngine(config, on_progress=ictx.report_progress))
         except EngineError as exc:
             raise InvalidInput(f"model '{ictx.model.name}': {exc}") from None
+        if template is not None and self.engine.tokenizer is not None:
+            self.engine.tokenizer.chat_template = template
+        self.vllm = vllm_folder.is_vllm_folder(ictx.model.config)
         self.model = (ictx.model.name, str(ictx.model.version))
         self.llm_metrics = LLMMetrics()
         # More host slots than the engine runs plus queues: the bound that refuses is ours, never
@@ -152,21 +202,57 @@ class LLMInstance(ModelInstance):
 
     async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         call = self._parse(request)
+        flags = vllm_folder.VllmFlags.read(request) if self.vllm else None
+        if flags is not None and flags.values.get("return_cumulative_logprob") and call.params.logprobs is None:
+            call.params.logprobs = 0  # the sampled tokens' log-probabilities, summed per completion
+            flags.hidden_parameters = ("logprobs",)
+        if flags is not None and not flags.stream:
+            async for response in self._whole_per_completion(request, call, flags):
+                yield response
+            return
         phases_sent = False
         async with contextlib.aclosing(self._generate(request, call)) as outputs:
             async for output in outputs:
                 if output.text_delta or output.finished or output.new_logprobs:
                     response = make_response(request, self.model, output.text_delta, output, call.params,
                                              self.engine.tokenizer)
+                    if flags is not None:
+                        flags.add_outputs(response, output.index, output.finish_reason, output.num_prompt_tokens,
+                                          output.new_token_ids, output.new_logprobs)
                     if not phases_sent:  # with the first chunk: the prefill is over by then
                         response.phases, phases_sent = engine_phases(output), True
                     yield response
 
+    async def _whole_per_completion(self, request: InferRequest, call: GenerateCall,
+                                    flags) -> AsyncIterator[InferResponse]:
+        """Triton's vLLM backend without `stream`: one response per completion, the prompt first unless
+        `exclude_input_in_output`."""
+        token_ids, logprobs = {}, {}
+        async with contextlib.aclosing(self._generate(request, call)) as outputs:
+            async for output in outputs:
+                token_ids.setdefault(output.index, []).extend(output.new_token_ids)
+                logprobs.setdefault(output.index, []).extend(output.new_logprobs)
+                if not output.finished:
+                    continue
+                whole = dataclasses.replace(output, new_token_ids=token_ids[output.index],
+                                            new_logprobs=logprobs[output.index])
+                prefix = call.prompt_text or "" if flags.prepend_input else ""
+                response = make_response(request, self.model, prefix + output.text, whole, call.params,
+                                         self.engine.tokenizer)
+                flags.add_outputs(response, output.index, output.finish_reason, output.num_prompt_tokens,
+                                  whole.new_token_ids, whole.new_logprobs)
+                response.phases = engine_phases(output)
+                yield response
+
     def _parse(self, request: InferRequest) -> GenerateCall:
-        return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len)
+        return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len,
+                             self.engine.engine.vocab_size)
 
     async def _generate(self, request: InferRequest, call: GenerateCall):
-        lora = request.parameters.get(LORA_PARAMETER) or None
+        lora = request.parameters.get(LORA_PARAMETER) or call.lora_name
+        if call.lora_name is not None and lora == call.lora_name and lora not in self._adapter_names():
+            raise InvalidInput(f"lora_name: LoRA adapter '{lora}' is not loaded (loaded: "
+                               f"{', '.join(sorted(self._adapter_names())) or 'none'})", param="lora_name")
         if lora is not None and not self._loras().is_cached(lora):
             await asyncio.to_thread(self._loras().prefetch, lora)  # a disk read, never on the engine loop
         # The event loop alone adds requests, so no other add interleaves between check and add.
@@ -176,15 +262,16 @@ class LLMInstance(ModelInstance):
         request_id = f"{request.id or 'req'}-{next(_request_ids)}"
         timer = self.llm_metrics.timer(lora or "")
         try:
-            if call.params.response_format is not None:
+            if call.params.constraint is not None:
                 # Compile (or validate) off the event loop and the engine thread; the engine's add then
                 # finds the grammar in xgrammar's cache.
-                await asyncio.to_thread(self.engine.engine.structured_outputs.compile, call.params.response_format)
-            stream = self.engine.generate(request_id, call.prompt_ids, call.params, lora=lora)
+                await asyncio.to_thread(self.engine.engine.structured_outputs.compile, call.params.constraint,
+                                        constraint_field(call.params))
+            stream = self.engine.generate(request_id, call.prompt_ids, call.params, lora=lora, priority=call.priority)
             async with contextlib.aclosing(stream):
                 async for output in stream:
                     timer.on_tokens(output.index, len(output.new_token_ids), output.finished, output.finish_reason,
-                                    output.num_prompt_tokens)
+                                    output.num_prompt_tokens, engine_times(output))
                     yield output
         except AdapterNotFoundError as exc:  # unloaded after the host checked it
             raise NotFound(str(exc)) from None
@@ -209,6 +296,25 @@ class LLMInstance(ModelInstance):
             await asyncio.sleep(UNLOAD_POLL_SECONDS)
         manager.finish_unload(adapter)
 
+    def _adapter_names(self) -> set[str]:
+        return {row["name"] for row in self.list_adapters()}
+
+    async def tokenize(self, inputs: llm_protocol.GenerateInputs, add_special_tokens: bool = False) -> list[int]:
+        """The prompt's token ids as a request would run them (chat template applied), off the event loop."""
+        tokenizer = self.engine.tokenizer
+
+        def run():
+            if inputs.chat is not None:
+                return tokenizer.encode(render_chat(tokenizer, inputs.chat), add_special_tokens=add_special_tokens)
+            return tokenizer.encode(inputs.text, add_special_tokens=add_special_tokens)
+
+        return await asyncio.to_thread(run)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        if any(not 0 <= t < self.engine.engine.vocab_size for t in token_ids):
+            raise InvalidInput(f"tokens: token ids must be in [0, {self.engine.engine.vocab_size})", param="tokens")
+        return await asyncio.to_thread(self.engine.tokenizer.decode, token_ids)
+
     def list_adapters(self) -> list[dict]:
         lora = self.engine.engine.lora
         return [] if lora is None else lora.manager.rows()
@@ -223,6 +329,7 @@ class LLMInstance(ModelInstance):
             num_free_blocks=kv.num_free_blocks, num_prefix_queries=kv.num_prefix_queries,
             num_prefix_hits=kv.num_prefix_hits, num_preemptions=engine.scheduler.num_preemptions,
             lora=engine.lora.stats(engine.scheduler) if engine.lora is not None else None,
+            max_model_len=engine.max_model_len, block_size=engine.config.block_size,
             extra={"prefix_cache_hit_rate": kv.prefix_cache_hit_rate})
 
     async def close(self) -> None:

@@ -20,6 +20,11 @@ class SamplingError(ValueError):
         self.field = field
 
 
+# Protocol fields OpenVINO GenAI has no counterpart for (or modelplex does not wire yet): refused when set
+UNAVAILABLE = {"logit_bias": {}, "allowed_token_ids": [], "bad_words": [], "prompt_logprobs": None,
+               "structured_outputs": {}, "truncate_prompt_tokens": None, "priority": 0, "lora_name": None}
+
+
 def _typed(key: str, value):
     if key in llm_protocol.FLOAT_FIELDS and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise SamplingError(key, f"must be a number, got {value!r}")
@@ -63,6 +68,13 @@ def generation_config(sampling: dict, num_prompt_tokens: int, max_model_len: int
         raise SamplingError("response_format", "the OpenVINO backend answers only with text so far")
     if values.get("min_p", 0.0) != 0.0:
         raise SamplingError("min_p", "OpenVINO GenAI has no min-p sampling; leave it at 0")
+    for key, default in UNAVAILABLE.items():
+        if values.get(key, default) not in (default, None):
+            raise SamplingError(key, "not available from OpenVINO GenAI")
+    if values.get("min_tokens", 0) < 0:
+        raise SamplingError("min_tokens", f"must be >= 0, got {values['min_tokens']}")
+    config.min_new_tokens = values.get("min_tokens", 0)
+    config.include_stop_str_in_output = values.get("include_stop_str_in_output", False)
     config.repetition_penalty = values.get("repetition_penalty", 1.0)
     if config.repetition_penalty <= 0:
         raise SamplingError("repetition_penalty", f"must be > 0, got {config.repetition_penalty}")

@@ -96,6 +96,23 @@ def worker_settings(ictx: InstanceContext) -> dict:
             "adapters": {}, "max_model_len": _integer(parameters, "max_model_len", context, 2)}
 
 
+def refuse_unavailable(inputs) -> None:
+    """What the worker cannot pass to OpenVINO GenAI: token-id prompts and chat-template options."""
+    if inputs.prompt_token_ids is not None:
+        raise InvalidInput("prompt: token-id prompts are not available from OpenVINO GenAI (send text)", param="prompt")
+    chat = inputs.chat
+    if chat is None:
+        return
+    for name, default in (("tools", None), ("chat_template", None), ("chat_template_kwargs", {}),
+                          ("add_generation_prompt", True), ("continue_final_message", False)):
+        if getattr(chat, name) not in (default, None) and getattr(chat, name) != default:
+            raise InvalidInput(f"{name}: not available from OpenVINO GenAI (its tokenizer applies the model's own "
+                               "template)", param=name)
+    if any("tool_calls" in m or m["role"] == "tool" for m in chat.messages):
+        raise InvalidInput("messages: tool calls and tool messages are not available from OpenVINO GenAI",
+                           param="messages")
+
+
 class OpenVINOLLMInstance(ModelInstance):
     """Invariant: at most `max_num_seqs + max_queue_size` requests are in the worker at once."""
 
@@ -136,6 +153,7 @@ class OpenVINOLLMInstance(ModelInstance):
 
     async def _generate(self, request: InferRequest):
         inputs = llm_protocol.read_generate_inputs(request)
+        refuse_unavailable(inputs)
         if len(self.worker.streams) >= self.max_in_flight:
             raise Unavailable(f"model '{self.model[0]}': {self.max_queue_size} requests already wait; try again "
                               "later", retry_after=RETRY_AFTER_SECONDS)

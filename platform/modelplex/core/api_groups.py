@@ -17,10 +17,11 @@ UNDECLARED_GROUP = "model-repository"
 
 _MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
 HTTP_ROUTES: list[tuple[re.Pattern, str]] = [(re.compile(pattern), group) for pattern, group in [
-    (r"/v2/health/(?:live|ready)", "health"),
     (_MODEL + r"/ready", "health"),
     (_MODEL + r"/(?:infer|generate|generate_stream)", "inference"),
-    (r"/v1/(?:completions|chat/completions|embeddings|responses)", "inference"),
+    (r"/v2/health/(?:live|ready)|/health|/ping", "health"),
+    (r"/v1/(?:completions|chat/completions|embeddings|responses)|/tokenize|/detokenize", "inference"),
+    (r"/metrics", "statistics"),
     (_MODEL + r"/config", "model-config"),
     (r"/v2/models/stats|" + _MODEL + r"/(?:stats|engine_stats)", "statistics"),
     (r"/v2/trace/setting|" + _MODEL + r"/trace/setting", "trace"),
@@ -29,7 +30,7 @@ HTTP_ROUTES: list[tuple[re.Pattern, str]] = [(re.compile(pattern), group) for pa
     (r"/v2/repository(?:/.*)?|/v2/adapters(?:/.*)?|" + _MODEL + r"/adapters(?:/.*)?", "model-repository"),
     (r"/v1/(?:load|unload)_lora_adapter", "model-repository"),
     (r"/v2/(?:system|cuda)sharedmemory.*", "shared-memory"),
-    (r"/v2|/v2/devices|/openapi\.json|/docs|" + _MODEL + r"|/v1/models(?:/.+)?", "metadata"),
+    (r"/v2|/v2/devices|/openapi\.json|/docs|/version|" + _MODEL + r"|/v1/models(?:/.+)?", "metadata"),
     # The status page: static files whose script calls the routes above (each checked on its own).
     (r"/|/ui(?:/.*)?", "metadata"),
 ]]

@@ -118,6 +118,8 @@ class EngineStats:
     num_preemptions: int = 0
     # Adapter occupancy for the LoRA metrics: `max_loras`, and `running` / `waiting` adapter names.
     lora: dict | None = None
+    max_model_len: int | None = None  # the context length (/v1/models, /tokenize)
+    block_size: int | None = None  # tokens per KV block (vllm:cache_config_info)
     # What else this engine reports (shown by the engine_stats route as is).
     extra: dict = field(default_factory=dict)
 
@@ -168,6 +170,15 @@ class ModelInstance(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional: most instances hold nothing to release
         """Release sessions, threads, device memory. Called once, after the last request."""
+
+    # ---- tokenizer (optional; LLM backends: the /tokenize and /detokenize routes) ----------------
+    async def tokenize(self, inputs, add_special_tokens: bool = False) -> list[int]:
+        """The token ids of `inputs` (a `modelplex.llm.tensor_protocol.GenerateInputs`: text or chat),
+        as a request would run them. Raise InvalidInput naming the field for bad input."""
+        raise Unsupported("its backend does not expose a tokenizer")
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        raise Unsupported("its backend does not expose a tokenizer")
 
     # ---- LoRA adapters (optional; see modelplex/adapters.py for the host's side) ---------------
     # The host validates names and confines paths before calling these; a request picks an adapter

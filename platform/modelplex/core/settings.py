@@ -19,6 +19,7 @@ class ServerConfig:
     strict_model_config: bool = False
     exit_on_error: bool = True  # a failed startup load ends the process (non-zero)
     access_log: bool = False  # one log line per HTTP request and gRPC call
+    openai_strict_fields: bool = False  # unknown OpenAI request fields: 400 (True) or a warning once per name
     host: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001

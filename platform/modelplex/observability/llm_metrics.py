@@ -1,5 +1,5 @@
-"""The LLM metric family (vLLM's `vllm:*` names, Triton's `model`/`version` labels), per model
-version, for every LLM backend.
+"""The LLM metric family (vLLM's `vllm:*` names; Triton's `model`/`version` labels plus vLLM's `model_name`),
+per model version, for every LLM backend.
 
 An LLM instance keeps an `LLMMetrics` in its attribute `ModelInstance.llm_metrics`; its request path only adds to
 plain numbers there (under a lock). `LLMMetricsCollector` merges the instances of a version at scrape
@@ -29,7 +29,13 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
-LABELS = ["model", "version"]
+# vLLM's request-level buckets: token counts 1-2-5 up to 100k, phase times up to 40 min
+TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(6) for m in (1, 2, 5))
+PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                 480.0, 960.0, 1920.0, 7680.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
+LABELS = ["model", "version", "model_name"]  # model_name (vLLM's label) = model
 
 
 class Histogram:
@@ -63,14 +69,22 @@ class Series:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    request_prompt_tokens: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
+    request_generation_tokens: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
+    queue_time: Histogram = field(default_factory=lambda: Histogram(PHASE_BUCKETS))
+    prefill_time: Histogram = field(default_factory=lambda: Histogram(PHASE_BUCKETS))
+    decode_time: Histogram = field(default_factory=lambda: Histogram(PHASE_BUCKETS))
+    time_per_output_token: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: Counter = field(default_factory=Counter)  # finish reason -> requests
 
+    HISTOGRAMS = ("ttft", "itl", "e2e", "request_prompt_tokens", "request_generation_tokens", "queue_time",
+                  "prefill_time", "decode_time", "time_per_output_token")
+
     def add(self, other: Series) -> None:
-        self.ttft.add(other.ttft)
-        self.itl.add(other.itl)
-        self.e2e.add(other.e2e)
+        for name in self.HISTOGRAMS:
+            getattr(self, name).add(getattr(other, name))
         self.prompt_tokens += other.prompt_tokens
         self.generation_tokens += other.generation_tokens
         self.finished.update(other.finished)
@@ -121,21 +135,31 @@ class RequestTimer:
         self.metrics, self.adapter = metrics, adapter
         self.started = time.perf_counter()
         self._last: dict[int, float] = {}  # completion index -> time of its last token
+        self._first: dict[int, float] = {}  # completion index -> time of its first token
+        self._count: Counter = Counter()  # completion index -> tokens so far
 
     def on_tokens(self, index: int, num_new_tokens: int, finished: bool, finish_reason: str | None,
-                  num_prompt_tokens: int) -> None:
-        """Completion `index` produced `num_new_tokens` (and ended, when `finished`)."""
+                  num_prompt_tokens: int, phases: tuple[float, float] | None = None) -> None:
+        """Completion `index` produced `num_new_tokens` (and ended, when `finished`). `phases`: the
+        engine's queue and prefill times of the request in seconds, where it measures them."""
         if not num_new_tokens and not finished:
             return
         now = time.perf_counter()
         first = not self._last
         last = self._last.get(index)
         self._last[index] = now
+        self._first.setdefault(index, now)
+        self._count[index] += num_new_tokens
+        num_tokens, decode = self._count[index], now - self._first[index]
 
         def update(series: Series) -> None:
             if first:
                 series.ttft.observe(now - self.started)
                 series.prompt_tokens += num_prompt_tokens
+                series.request_prompt_tokens.observe(num_prompt_tokens)
+                if phases is not None:
+                    series.queue_time.observe(phases[0])
+                    series.prefill_time.observe(phases[1])
             if last is not None and num_new_tokens:
                 gap = (now - last) / num_new_tokens
                 for _ in range(num_new_tokens):
@@ -144,6 +168,10 @@ class RequestTimer:
             if finished:
                 series.finished[finish_reason or "abort"] += 1
                 series.e2e.observe(now - self.started)
+                series.request_generation_tokens.observe(num_tokens)
+                series.decode_time.observe(decode)
+                if num_tokens > 1:
+                    series.time_per_output_token.observe(decode / (num_tokens - 1))
 
         self.metrics.record(self.adapter, update)
 
@@ -162,21 +190,26 @@ class LLMMetricsCollector:
         if not gathered:
             return []  # no LLM loaded: no empty families on the page
         families = self._families()
-        (ttft, itl, e2e, prompt, generation, success, running, waiting, kv_usage, queries, hits, hit_rate,
-         preemptions) = families
+        histograms, rest = families[:len(Series.HISTOGRAMS)], families[len(Series.HISTOGRAMS):]
+        (prompt, generation, success, running, waiting, kv_usage, queries, hits, hit_rate, preemptions,
+         cache_info) = rest
         lora_families = lora_metric_families()
         for (model, version), (series, engines) in gathered.items():
-            labels = [model, version]
+            labels = [model, version, model]
             s = Series()  # vLLM's families sum the base model and every adapter
             for one in series.values():
                 s.add(one)
-            for family, histogram in ((ttft, s.ttft), (itl, s.itl), (e2e, s.e2e)):
+            for family, name in zip(histograms, Series.HISTOGRAMS):
+                histogram = getattr(s, name)
                 family.add_metric(labels, histogram.buckets(), histogram.sum)
+            if engines and engines[0].block_size is not None:
+                cache_info.add_metric([*labels, str(engines[0].block_size),
+                                       str(sum(e.num_blocks or 0 for e in engines))], 1)
             prompt.add_metric(labels, s.prompt_tokens)
             generation.add_metric(labels, s.generation_tokens)
             for reason, count in sorted(s.finished.items()):
                 success.add_metric([*labels, reason], count)
-            add_lora_metrics(lora_families, labels, series, [e.lora for e in engines if e.lora is not None])
+            add_lora_metrics(lora_families, labels[:2], series, [e.lora for e in engines if e.lora is not None])
             running.add_metric(labels, sum(e.num_running for e in engines))
             waiting.add_metric(labels, sum(e.num_waiting for e in engines))
             kv_usage.add_metric(labels, sum(e.kv_usage for e in engines) / len(engines) if engines else 0.0)
@@ -210,6 +243,19 @@ class LLMMetricsCollector:
                                   "Time between two generated tokens of a request, in seconds", labels=LABELS),
             HistogramMetricFamily("vllm:e2e_request_latency_seconds",
                                   "Time from admission to the last token of a request, in seconds", labels=LABELS),
+            HistogramMetricFamily("vllm:request_prompt_tokens", "Prompt tokens of each request", labels=LABELS),
+            HistogramMetricFamily("vllm:request_generation_tokens", "Tokens generated by each finished completion",
+                                  labels=LABELS),
+            HistogramMetricFamily("vllm:request_queue_time_seconds",
+                                  "Time a request waited in the engine's queue, in seconds", labels=LABELS),
+            HistogramMetricFamily("vllm:request_prefill_time_seconds",
+                                  "Time from a request's first scheduling to its first token, in seconds",
+                                  labels=LABELS),
+            HistogramMetricFamily("vllm:request_decode_time_seconds",
+                                  "Time from a completion's first token to its last, in seconds", labels=LABELS),
+            HistogramMetricFamily("vllm:request_time_per_output_token_seconds",
+                                  "Mean time per output token after the first of each finished completion, in "
+                                  "seconds", labels=LABELS),
             CounterMetricFamily("vllm:prompt_tokens", "Prompt tokens of the requests served", labels=LABELS),
             CounterMetricFamily("vllm:generation_tokens", "Tokens generated", labels=LABELS),
             CounterMetricFamily("vllm:request_success", "Completions finished, by finish reason",
@@ -229,4 +275,6 @@ class LLMMetricsCollector:
                               labels=LABELS),
             CounterMetricFamily("vllm:num_preemptions", "Requests preempted (their KV blocks taken back)",
                                 labels=LABELS),
+            GaugeMetricFamily("vllm:cache_config_info", "The KV cache's configuration (value 1)",
+                              labels=[*LABELS, "block_size", "num_gpu_blocks"]),
         ]

@@ -123,29 +123,39 @@ def register_plugin_collectors(pm, dataplane, registry: CollectorRegistry) -> No
                 log.warning("metric collector %r is skipped: %s", collector, exc)
 
 
+class MetricsPage:
+    """The `/metrics` text: Triton's families plus whatever is in `registry` (histograms etc.); served by
+    the metrics port and the HTTP port alike. Rendered one at a time (collectors read engines and
+    devices; the CPU figure is a delta between two renders)."""
+
+    def __init__(self, stats_source: Callable[[], Iterable[ModelStats]], registry: CollectorRegistry,
+                 engine_waiting: Callable[[], dict[tuple[str, str], int]] = dict):
+        self.stats_source, self.registry, self.engine_waiting = stats_source, registry, engine_waiting
+        self.cpu, self.gpu = CpuMetrics(), GpuMetrics()
+        self._lock = threading.Lock()
+
+    def render(self) -> str:
+        with self._lock:
+            return (triton_metrics_text(self.stats_source(), self.engine_waiting()) + self.cpu.text()
+                    + self.gpu.text() + generate_latest(self.registry).decode())
+
+
 class MetricsServer:
-    """`GET /metrics` on its own port: Triton's families plus whatever is in `registry` (histograms etc.).
+    """`GET /metrics` on its own port (a `MetricsPage`).
 
     Served by asyncio on the server's loop (an idle connection costs a coroutine, not a thread: 500
     idle connections made 500 threads), at most `max_connections` at once: beyond, the connection that
     has waited longest without sending its request is closed (so idle ones cannot lock a scraper out),
-    and each request must arrive within `timeout` seconds. The page is rendered on a worker thread
-    (collectors read engines and devices), one render at a time.
+    and each request must arrive within `timeout` seconds. The page is rendered on a worker thread.
     """
 
-    def __init__(self, host: str, port: int, stats_source: Callable[[], Iterable[ModelStats]],
-                 registry: CollectorRegistry, max_connections: int = 256, timeout: float = 10.0,
-                 engine_waiting: Callable[[], dict[tuple[str, str], int]] = dict):
-        self.engine_waiting = engine_waiting
-        self.host, self.requested_port = host, port
-        self.stats_source, self.registry = stats_source, registry
+    def __init__(self, host: str, port: int, page: MetricsPage, max_connections: int = 256, timeout: float = 10.0):
+        self.host, self.requested_port, self.page = host, port, page
         self.max_connections, self.timeout = max_connections, timeout
-        self.cpu, self.gpu = CpuMetrics(), GpuMetrics()
         self.num_connections = self.num_evicted = 0
         self._waiting: dict[asyncio.StreamWriter, None] = {}  # connections not past their request yet, oldest first
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
-        self._render_lock = threading.Lock()
 
     async def start(self) -> None:
         """Bind and listen; an OSError (port in use) propagates."""
@@ -153,9 +163,7 @@ class MetricsServer:
         self.port = self._server.sockets[0].getsockname()[1]
 
     def render(self) -> str:
-        with self._render_lock:
-            return (triton_metrics_text(self.stats_source(), self.engine_waiting()) + self.cpu.text() + self.gpu.text()
-                    + generate_latest(self.registry).decode())
+        return self.page.render()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.num_connections >= self.max_connections and self._waiting:

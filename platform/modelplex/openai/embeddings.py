@@ -10,7 +10,7 @@ from fastapi import Request
 from ..core.tensors import InferRequest, InferTensor
 from ..dataplane import DataPlane
 from ..http.routes import json_response
-from .completions import read_json
+from .completions import RouteContext, read_request
 from .errors import RequestError
 from .models import EmbeddingModel, require_embedding_model
 from .schemas import EmbeddingRequest
@@ -31,14 +31,14 @@ async def embed(dataplane: DataPlane, model: EmbeddingModel, texts: list[str]) -
     return np.concatenate(rows)
 
 
-def add_routes(router, dataplane: DataPlane, limit: int) -> None:
+def add_routes(router, ctx: RouteContext) -> None:
+    dataplane = ctx.dataplane
+
     @router.post("/v1/embeddings")
     async def embeddings(request: Request):
-        body = EmbeddingRequest.model_validate(await read_json(request, limit))
+        body = await read_request(request, ctx, EmbeddingRequest)
         model = require_embedding_model(dataplane, body.model)
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        if any(not t for t in texts):
-            raise RequestError("input", "input texts must not be empty")
+        texts = body.texts()
         vectors = await embed(dataplane, model, texts)
         if body.dimensions is not None and body.dimensions != vectors.shape[1]:
             raise RequestError("dimensions", f"model '{body.model}' gives {vectors.shape[1]} dimensions only")

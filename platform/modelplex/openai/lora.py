@@ -12,20 +12,20 @@ from starlette.responses import PlainTextResponse
 
 from ..core.errors import NotFound
 from ..dataplane import DataPlane
-from .completions import read_json
+from .completions import RouteContext, read_request
 from .errors import RequestError
 from .models import is_llm, listed_models
-from .schemas import _Strict
+from .schemas import OpenAIModel
 
 
-class LoadLoRAAdapterRequest(_Strict):
+class LoadLoRAAdapterRequest(OpenAIModel):
     lora_name: str = Field(min_length=1)
     lora_path: str = Field(min_length=1)
     load_inplace: bool = False
     model: str | None = None
 
 
-class UnloadLoRAAdapterRequest(_Strict):
+class UnloadLoRAAdapterRequest(OpenAIModel):
     lora_name: str = Field(min_length=1)
     lora_int_id: int | None = None
     model: str | None = None
@@ -43,10 +43,12 @@ def base_model(dataplane: DataPlane, model: str | None) -> str:
     return llms[0]
 
 
-def add_routes(router, dataplane: DataPlane, limit: int) -> None:
+def add_routes(router, ctx: RouteContext) -> None:
+    dataplane = ctx.dataplane
+
     @router.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request):
-        body = LoadLoRAAdapterRequest.model_validate(await read_json(request, limit))
+        body = await read_request(request, ctx, LoadLoRAAdapterRequest)
         if body.load_inplace:
             raise RequestError("load_inplace", "replacing a loaded adapter in place is not supported; unload it first")
         await dataplane.load_adapter(base_model(dataplane, body.model), body.lora_name, body.lora_path)
@@ -54,7 +56,7 @@ def add_routes(router, dataplane: DataPlane, limit: int) -> None:
 
     @router.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: Request):
-        body = UnloadLoRAAdapterRequest.model_validate(await read_json(request, limit))
+        body = await read_request(request, ctx, UnloadLoRAAdapterRequest)
         model = body.model or dataplane.adapter_model(body.lora_name)
         if model is None:
             raise NotFound(f"LoRA adapter '{body.lora_name}' is not loaded")

@@ -63,6 +63,21 @@ def resolve_model(dataplane: DataPlane, name: str) -> tuple[str, str | None]:
     return model, name
 
 
+def model_parameter(dataplane: DataPlane, name: str, key: str) -> str | None:
+    """A config.pbtxt `parameters` value of a loaded model (e.g. `tool_call_parser`)."""
+    parameters = dataplane.model_config(name).parameters
+    return parameters[key].string_value if key in parameters else None
+
+
+def max_model_len(dataplane: DataPlane, name: str) -> int | None:
+    """The context length an LLM's engine reports (None when it reports none)."""
+    try:
+        stats = dataplane.engine_stats(name)
+    except (NotFound, Unavailable):
+        return None
+    return next((s["max_model_len"] for s in stats if s.get("max_model_len")), None)
+
+
 def listed_adapters(dataplane: DataPlane, models: list[str]) -> list[tuple[str, str]]:
     """(adapter, base model) of every adapter the listed models serve."""
     found = []

@@ -1,7 +1,10 @@
 """OpenAI response objects built from the backend's responses: whole answers and stream chunks.
 
 A backend response carries a text delta in `text_output` and parameters `index`, `finish_reason`,
-`num_input_tokens`, `num_output_tokens` and `logprobs` (see the native_gpu protocol).
+`num_input_tokens`, `num_output_tokens`, `logprobs` and `prompt_logprobs` (see the LLM tensor protocol).
+A request of several prompts runs one backend request per prompt: choice `prompt * n + index`, as vLLM
+numbers them. Echo puts the prompt (and, with logprobs, its log-probabilities) before the output;
+`max_tokens: 0` keeps only that (the one token generated is dropped, as vLLM does).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..core.tensors import InferResponse
 from .errors import RequestError
+from .tools import ToolPlan, ToolStream, message
 
 
 @dataclass
@@ -20,6 +24,16 @@ class Choice:
     finish_reason: str | None = None
     num_output_tokens: int = 0
     logprobs: list[dict] = field(default_factory=list)
+    prompt_logprobs: list[dict] | None = None
+    tools: ToolStream | None = None
+
+
+@dataclass(frozen=True)
+class Echo:
+    """Per prompt: its text before the output, and whether the output is dropped (max_tokens 0)."""
+
+    prefixes: list[str]
+    drop_output: bool = False
 
 
 def text_of(response: InferResponse) -> str:
@@ -31,49 +45,70 @@ def text_of(response: InferResponse) -> str:
 
 
 class Completion:
-    """One OpenAI (chat) completion being assembled: `add` each backend response, then `body()`,
-    or `chunk(response)` per response when streaming. `chat` picks the chat shapes."""
+    """One OpenAI (chat) completion being assembled: `add` each backend response (of prompt `p`), then
+    `body()`, or `delta_chunk` per response when streaming. `chat` picks the chat shapes."""
 
-    def __init__(self, model: str, chat: bool, n: int, prefix: str = ""):
-        self.model, self.chat = model, chat
+    def __init__(self, model: str, chat: bool, n: int, num_prompts: int = 1, echo: Echo | None = None,
+                 tools: ToolPlan | None = None):
+        self.model, self.chat, self.n = model, chat, n
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.choices = [Choice(text=prefix) for _ in range(n)]
-        self.num_prompt_tokens = 0
+        self.echo = echo
+        self.tools = tools or ToolPlan("none")
+        self.choices = [Choice(text=echo.prefixes[i // n] if echo else "",
+                               tools=ToolStream(self.tools) if chat else None) for i in range(n * num_prompts)]
+        self.num_prompt_tokens = [0] * num_prompts
 
-    def add(self, response: InferResponse) -> tuple[int, str, list[dict]]:
-        """Record one response; returns its (index, text delta, logprob entries)."""
+    def add(self, response: InferResponse, prompt: int = 0) -> tuple[int, str, list[dict]]:
+        """Record one response; returns its (choice index, text delta, logprob entries)."""
         params = response.parameters
-        index = int(params.get("index", 0))
+        index = prompt * self.n + int(params.get("index", 0))
         choice = self.choices[index]
         delta = text_of(response)
         entries = json.loads(params["logprobs"]) if "logprobs" in params else []
+        if "prompt_logprobs" in params and choice.prompt_logprobs is None:
+            choice.prompt_logprobs = json.loads(params["prompt_logprobs"])
+        if self.echo is not None and self.echo.drop_output:
+            delta, entries = "", []
         choice.text += delta
         choice.logprobs += entries
+        if "num_input_tokens" in params:
+            self.num_prompt_tokens[prompt] = int(params["num_input_tokens"])
+        if "num_output_tokens" in params:
+            choice.num_output_tokens = int(params["num_output_tokens"])
         if params.get("finish_reason"):
             choice.finish_reason = params["finish_reason"]
-            choice.num_output_tokens = int(params.get("num_output_tokens", 0))
-            self.num_prompt_tokens = int(params.get("num_input_tokens", self.num_prompt_tokens))
+            if self.echo is not None and self.echo.drop_output:
+                choice.finish_reason, choice.num_output_tokens = "length", 0
         return index, delta, entries
 
     @property
     def usage(self) -> dict:
+        prompt_tokens = sum(self.num_prompt_tokens)
         completion_tokens = sum(c.num_output_tokens for c in self.choices)
-        return {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": self.num_prompt_tokens + completion_tokens}
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
 
     def body(self, logprobs: bool) -> dict:
         choices = []
         for index, choice in enumerate(self.choices):
             entry = {"index": index, "finish_reason": choice.finish_reason,
-                     "logprobs": self._logprobs(choice.logprobs, 0) if logprobs else None}
+                     "logprobs": self._logprobs(self._entries(choice), 0) if logprobs else None}
             if self.chat:
-                entry["message"] = {"role": "assistant", "content": choice.text}
+                entry["message"], entry["finish_reason"] = message(self.tools, choice.text, choice.finish_reason)
             else:
                 entry["text"] = choice.text
+            if choice.prompt_logprobs is not None:
+                entry["prompt_logprobs"] = vllm_prompt_logprobs(choice.prompt_logprobs)
             choices.append(entry)
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": self.usage}
+
+    def _entries(self, choice: Choice) -> list[dict]:
+        """Logprob entries of a choice's text: with echo, the prompt's first."""
+        if self.echo is not None and choice.prompt_logprobs is not None:
+            return [*choice.prompt_logprobs, *choice.logprobs]
+        return choice.logprobs
 
     def chunk(self, choices: list[dict], usage: bool, with_usage: dict | None = None) -> dict:
         chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -82,21 +117,40 @@ class Completion:
             chunk["usage"] = with_usage
         return chunk
 
-    def role_chunks(self, usage: bool) -> list[dict]:
-        """Chat streams open each choice with the assistant role, as OpenAI's do."""
-        return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}], usage) for i in range(len(self.choices))]
-
-    def delta_chunk(self, response: InferResponse, logprobs: bool, usage: bool) -> dict:
-        offset = len(self.choices[int(response.parameters.get("index", 0))].text)
-        index, delta, entries = self.add(response)
-        choice = {"index": index, "finish_reason": self.choices[index].finish_reason,
-                  "logprobs": self._logprobs(entries, offset) if logprobs else None}
+    def opening_chunks(self, usage: bool, logprobs: bool) -> list[dict]:
+        """Chat streams open each choice with the assistant role, as OpenAI's do; an echoed completion
+        stream opens each with its prompt."""
         if self.chat:
-            choice["delta"] = {"content": delta}
+            return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": c.text}, "logprobs": None,
+                                 "finish_reason": None}], usage) for i, c in enumerate(self.choices)]
+        if self.echo is None:
+            return []
+        return [self.chunk([{"index": i, "text": c.text, "logprobs": None, "finish_reason": None}], usage)
+                for i, c in enumerate(self.choices)]
+
+    def delta_chunk(self, response: InferResponse, prompt: int, logprobs: bool, usage: bool,
+                    continuous: bool = False) -> dict | None:
+        """The chunk for one response (None when it carries nothing to send yet); `usage` puts the key in
+        (null), `continuous` the counts so far (vLLM's continuous_usage_stats)."""
+        index = prompt * self.n + int(response.parameters.get("index", 0))
+        choice = self.choices[index]
+        offset = len(choice.text)
+        had_prompt_logprobs = choice.prompt_logprobs is not None
+        _, delta, entries = self.add(response, prompt)
+        if self.echo is not None and choice.prompt_logprobs is not None and not had_prompt_logprobs:
+            entries, offset = [*choice.prompt_logprobs, *entries], 0
+        out = {"index": index, "finish_reason": choice.finish_reason,
+               "logprobs": self._logprobs(entries, offset) if logprobs else None}
+        if self.chat:
+            out["delta"] = choice.tools.feed(delta)
+            if choice.finish_reason is not None:
+                last, out["finish_reason"] = choice.tools.finish(choice.finish_reason)
+                out["delta"] = _merge(out["delta"], last)
+            if not out["delta"] and out["finish_reason"] is None and not (logprobs and entries):
+                return None
         else:
-            choice["text"] = delta
-        return self.chunk([choice], usage)
+            out["text"] = delta
+        return self.chunk([out], usage or continuous, self.usage if continuous else None)
 
     def _logprobs(self, entries: list[dict], offset: int) -> dict:
         if self.chat:
@@ -107,9 +161,32 @@ class Completion:
             offsets.append(offset)
             offset += len(entry["token"])
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} if e["logprob"] is not None
+                                 else None for e in entries],
                 "text_offset": offsets}
+
+
+def _merge(first: dict, second: dict) -> dict:
+    out = dict(first)
+    for key, value in second.items():
+        out[key] = out.get(key, "") + value if key == "content" else value
+    return out
 
 
 def _chat_logprob(entry: dict) -> dict:
     return {"token": entry["token"], "logprob": entry["logprob"], "bytes": list(entry["token"].encode())}
+
+
+def vllm_prompt_logprobs(entries: list[dict]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}}."""
+    out = []
+    for entry in entries:
+        if entry["logprob"] is None:
+            out.append(None)
+            continue
+        found = {str(entry["token_id"]): {"logprob": entry["logprob"], "decoded_token": entry["token"]}}
+        for rank, alt in enumerate(entry["top_logprobs"], 1):
+            found.setdefault(str(alt["token_id"]), {"logprob": alt["logprob"], "decoded_token": alt["token"]})
+            found[str(alt["token_id"])]["rank"] = rank
+        out.append(found)
+    return out

@@ -1,4 +1,5 @@
-"""Assembles the OpenAI-compatible router: /v1/models plus the completion and embedding routes."""
+"""Assembles the OpenAI-compatible router: /v1/models, the completion, embedding, Responses and LoRA
+routes, and vLLM's utility routes (health, ping, version, tokenize, detokenize)."""
 from __future__ import annotations
 
 import time
@@ -8,24 +9,29 @@ from fastapi import APIRouter
 from ..core.errors import NotFound
 from ..dataplane import DataPlane
 from ..http.routes import json_response
-from . import completions, embeddings, lora
+from . import completions, embeddings, lora, responses_route, utility_routes
+from .completions import RouteContext
 from .errors import OpenAIRoute
-from .models import listed_adapters, listed_models
+from .fields import FieldPolicy
+from .models import is_llm, listed_adapters, listed_models, max_model_len
 
 
 def create_openai_router(dataplane: DataPlane) -> APIRouter:
     router = APIRouter(route_class=OpenAIRoute)
-    limit = dataplane.settings.http_max_body_bytes
+    ctx = RouteContext(dataplane, dataplane.settings.http_max_body_bytes,
+                       FieldPolicy(dataplane.settings.openai_strict_fields))
     created = int(time.time())
 
-    def card(name: str, parent: str | None = None) -> dict:
+    def card(name: str, parent: str | None = None, context: int | None = None) -> dict:
         # vLLM's card: a LoRA adapter is a model whose `parent` is its base model.
         return {"id": name, "object": "model", "created": created, "owned_by": "modelplex", "root": name,
-                "parent": parent}
+                "parent": parent, "max_model_len": context}
 
     def cards() -> list[dict]:
         models = listed_models(dataplane)
-        return [card(name) for name in models] + [card(a, m) for a, m in listed_adapters(dataplane, models)]
+        lengths = {m: max_model_len(dataplane, m) if is_llm(dataplane, m) else None for m in models}
+        return [card(name, None, lengths[name]) for name in models] + [
+            card(a, m, lengths.get(m)) for a, m in listed_adapters(dataplane, models)]
 
     @router.get("/v1/models")
     async def models():
@@ -38,7 +44,9 @@ def create_openai_router(dataplane: DataPlane) -> APIRouter:
                 return json_response(found)
         raise NotFound(f"model '{model}' is not found")
 
-    completions.add_routes(router, dataplane, limit)
-    embeddings.add_routes(router, dataplane, limit)
-    lora.add_routes(router, dataplane, limit)
+    completions.add_routes(router, ctx)
+    embeddings.add_routes(router, ctx)
+    responses_route.add_routes(router, ctx)
+    lora.add_routes(router, ctx)
+    utility_routes.add_routes(router, ctx)
     return router

@@ -20,7 +20,7 @@ from ..core.plugins import collect_backends, create_plugin_manager
 from ..core.settings import ServerConfig
 from ..dataplane import DataPlane
 from ..observability.llm_metrics import LLMMetricsCollector
-from ..observability.metrics import CallbackCounter, MetricsServer, register_plugin_collectors
+from ..observability.metrics import CallbackCounter, MetricsPage, MetricsServer, register_plugin_collectors
 from .admin_address import AdminSplitInterceptor, AdminSplitMiddleware
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ class Server:
         self.registry.register(CallbackCounter(
             "modelplex_trace_spans_dropped", "Spans dropped because the trace export could not keep up",
             lambda: self.dataplane.tracing.num_dropped))
+        # the metrics port's and HTTP /metrics
+        self.metrics_page = MetricsPage(self.manager.loaded_stats, self.registry, self.dataplane.engine_waiting)
         self.ports: dict[str, int] = {}
         self._http_servers: list[tuple[object, asyncio.Task]] = []  # (uvicorn server, its serve task)
         self._grpc_servers: list = []
@@ -98,8 +100,7 @@ class Server:
         if s.allow_grpc:
             await self._start_grpc()
         if s.allow_metrics:
-            self._metrics_httpd = MetricsServer(s.host, s.metrics_port, self.manager.loaded_stats, self.registry,
-                                                engine_waiting=self.dataplane.engine_waiting)
+            self._metrics_httpd = MetricsServer(s.host, s.metrics_port, self.metrics_page)
             try:
                 await self._metrics_httpd.start()
             except OSError as e:
@@ -177,9 +178,10 @@ class Server:
         """What the HTTP door mounts beside its own routes: the OpenAI routes, the status page and
         the plugins' routers."""
         from ..openai import create_openai_router
+        from .metrics_route import metrics_router
         from .status_page import create_status_router
 
-        routers = [create_status_router(), create_openai_router(self.dataplane)]
+        routers = [create_status_router(), create_openai_router(self.dataplane), metrics_router(self.metrics_page)]
         for found in self.pm.hook.modelplex_http_routers(dataplane=self.dataplane):
             routers += found or []
         return routers

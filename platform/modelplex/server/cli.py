@@ -48,6 +48,8 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
     s.add_argument("--exit-on-error", type=_bool, default=True,
                    help="exit non-zero when a model of the startup load fails (false: log it and keep serving "
                         "the others)")
+    s.add_argument("--openai-strict-fields", action="store_true",
+                   help="refuse unknown fields on the OpenAI routes (400) instead of warning once per field name")
     s.add_argument("--host", default="0.0.0.0", help="address every port listens on")
     s.add_argument("--http-port", type=int, default=8000, help="HTTP port (KServe v2, OpenAI routes); 0: any free")
     s.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (KServe v2, grpc.health.v1); 0: any free")
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = ServerConfig(
         model_repositories=args.model_repository, model_control_mode=args.model_control_mode,
         load_models=args.load_model, repository_poll_secs=args.repository_poll_secs,
-        strict_readiness=args.strict_readiness, host=args.host,
+        strict_readiness=args.strict_readiness, host=args.host, openai_strict_fields=args.openai_strict_fields,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         http_max_body_bytes=args.http_max_body_bytes, unload_timeout_secs=args.unload_timeout_secs,

@@ -16,12 +16,13 @@ from ..loader import LoadedWeights, load_weights
 from ..loader.tokenizer import load_tokenizer
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager
+from .logits_processors import bad_word_ids
 from .model_runner import ModelRunner, ModelRunnerConfig
 from .outputs import RequestOutput
 from .request import EngineRequest, RequestStatus
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .structured_output import StructuredOutputs
+from .structured_output import StructuredOutputs, constraint_field
 from .thread_governor import ThreadGovernor
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class _Completion:
     detokenizer: IncrementalDetokenizer | None
     num_emitted: int = 0
     lora_id: int | None = None  # pinned in the LoRA manager until the completion ends
-    needs_sync: bool = False  # its next step needs its last token (logprobs, penalties, grammar)
+    needs_sync: bool = False  # its next step needs its last token (logprobs, penalties, logits processors, grammar)
 
 
 class LLMEngine:
@@ -99,8 +100,9 @@ class LLMEngine:
         self._completions: dict[str, _Completion] = {}  # engine request id -> completion
         # Async scheduling: the next step is scheduled and launched before the previous one's tokens are read
         # back (CUDA by default). Completions needing every token before the next step (logprobs, penalties,
-        # a grammar) make the engine step synchronously while they run. Only models with one KV-cache group:
-        # the runner runs models with several (sliding windows) over per-group inputs built each step.
+        # logits processors, a grammar) make the engine step synchronously while they run. Only models with one
+        # KV-cache group: the runner runs models with several (sliding windows) over per-group inputs built each
+        # step.
         self.async_scheduling = (device.startswith("cuda") if config.async_scheduling is None
                                  else config.async_scheduling) and len(self.runner.kv_groups) == 1
         self._in_flight = None  # (SchedulerOutput, StepOutput) of the launched step not yet read back
@@ -138,8 +140,12 @@ class LLMEngine:
         if detokenize and self.tokenizer is None:
             detokenize = False
         grammar = None
-        if params.response_format is not None:  # compiled before any state changes: a bad schema adds nothing
-            grammar = self.structured_outputs.compile(params.response_format)
+        if params.constraint is not None:  # compiled before any state changes: a bad schema adds nothing
+            grammar = self.structured_outputs.compile(params.constraint, constraint_field(params))
+        self._check_token_ids(params)
+        bad_words = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else []
+        if params.prompt_logprobs is not None:  # every prompt position must be computed: no prefix-cache hits
+            cache_salt = (cache_salt, "prompt_logprobs", request_id, time.monotonic_ns())
         if lora and self.lora is None:
             raise InvalidRequestError("lora", "this engine serves no LoRA adapters (max_loras is 0)")
         lora_ids = self._acquire_lora(lora, params.n) if lora else [None] * params.n
@@ -153,17 +159,27 @@ class LLMEngine:
             if params.n > 1:  # each completion samples on its own; a seed still makes the set reproducible
                 child = SamplingParams(**{**params.__dict__, "n": 1,
                                           "seed": None if params.seed is None else params.seed + index})
-            detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids, child.skip_special_tokens, child.stop)
+            detok = (IncrementalDetokenizer(self.tokenizer, prompt_ids, child.skip_special_tokens, child.stop,
+                                            child.include_stop_str_in_output, child.min_tokens)
                      if detokenize else None)
             request = EngineRequest(rid, prompt_ids, child, self.eos_token_id, priority, cache_salt, arrival,
                                     lora_ids[index])
+            request.bad_words = bad_words
             if grammar is not None:
                 request.grammar = StructuredOutputs.matcher(grammar)
-            needs_sync = child.logprobs is not None or child.has_penalties or grammar is not None
+            # min_tokens and bad_words read the output so far: no token may still be on the device
+            needs_sync = (child.logprobs is not None or child.has_penalties or child.has_logits_processors
+                          or grammar is not None)
             self._completions[rid] = _Completion(request_id, index, detok, lora_id=lora_ids[index],
                                                  needs_sync=needs_sync)
             self._num_sync_completions += needs_sync
             self.scheduler.add_request(request)
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):
+            ids = getattr(params, name) or ()
+            if any(t >= self.vocab_size for t in ids):
+                raise InvalidRequestError(name, f"token ids must be in [0, {self.vocab_size})")
 
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -229,6 +245,10 @@ class LLMEngine:
         new_ids = request.all_token_ids[request.num_prompt_tokens + completion.num_emitted:]
         if new_ids and request.first_token_time is None:
             request.first_token_time = time.monotonic()
+        prompt_logprobs = None
+        if request.prompt_logprobs is not None and new_ids and not completion.num_emitted:
+            # vLLM's shape: the first prompt token has no log-probability
+            prompt_logprobs = [{request.all_token_ids[0]: None}, *request.prompt_logprobs]
         completion.num_emitted = request.num_output_tokens
         delta, text = "", ""
         detok = completion.detokenizer
@@ -249,6 +269,7 @@ class LLMEngine:
             num_prompt_tokens=request.num_prompt_tokens, num_generated_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
             new_logprobs=request.logprobs[-len(new_ids):] if request.logprobs else [],
+            prompt_logprobs=prompt_logprobs,
             arrival_time=request.arrival_time, first_scheduled_time=request.first_scheduled_time,
             first_token_time=request.first_token_time)
 

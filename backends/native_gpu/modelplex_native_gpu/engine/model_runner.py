@@ -21,6 +21,7 @@ from ..loader import LoadedWeights
 from ..models import model_class
 from .cuda_graphs import CudaGraphRunner, capture_sizes
 from .kv_cache_groups import group_layers, group_size
+from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .sampler import Sampler, SamplerOutput
 from .scheduler import SchedulerOutput
 from .step_inputs import StepInputs
@@ -159,6 +160,8 @@ class ModelRunner:
                 hidden = self.graphs.run(num_decodes, graph_size)
             else:
                 hidden = self.model(input_ids, positions, [meta])
+        if wants_prompt_logprobs(out):  # prefill rows, in `order` (a graph's padding rows come after them)
+            record_prompt_logprobs(self.model, hidden, out, order)
         if not sample_indices:
             self._previous = None
             return StepOutput(len(out.requests), [], None)

@@ -21,6 +21,8 @@ class RequestOutput:
     num_generated_tokens: int = 0
     num_cached_tokens: int = 0
     new_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # With the first token, when asked for: per prompt token, its logprob (None for the first) and alternatives
+    prompt_logprobs: list[dict[int, float | None]] | None = None
     # time.monotonic() of arrival, first scheduling (prefill starts) and first token (prefill done)
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None

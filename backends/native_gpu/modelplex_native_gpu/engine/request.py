@@ -62,6 +62,10 @@ class EngineRequest:
         self.logprobs: list[dict[int, float]] = []
         self.generator: Any = None  # the sampler's per-request RNG when a seed is given
         self.grammar: Any = None  # an xgrammar GrammarMatcher when the output must follow a response_format
+        self.bad_words: list[list[int]] = []  # token sequences the output may not complete
+        # prompt position p + 1 -> {token: logprob} (the prompt's token first), when sampling_params asks
+        self.prompt_logprobs: list[dict[int, float]] | None = (
+            [] if sampling_params.prompt_logprobs is not None else None)
 
     @property
     def num_tokens(self) -> int:

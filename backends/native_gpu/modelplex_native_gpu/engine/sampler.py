@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .logits_processors import apply_logits_processors
 from .request import EngineRequest
 from .structured_output import accept_tokens, apply_grammar_masks
 
@@ -37,6 +38,8 @@ class Sampler:
         """logits [S, V] fp32 for `requests`, which sit at `indices` among the step's `num_requests`."""
         params = [r.sampling_params for r in requests]
         want_logprobs = any(p.logprobs is not None for p in params)
+        if any(p.has_logits_processors for p in params):
+            apply_logits_processors(logits, requests)
         apply_grammar_masks(logits, requests)
         if all(p.is_greedy and not p.has_penalties for p in params) and not want_logprobs:
             tokens = logits.argmax(dim=-1).tolist()
@@ -55,10 +58,10 @@ class Sampler:
 
     def sample_on_device(self, logits: torch.Tensor, requests: list[EngineRequest]) -> torch.Tensor | None:
         """The sampled ids [S] as a device tensor (nothing waits for the device), for rows that need no
-        logprobs, penalties or grammar; None when some row does (`sample` then does it all)."""
+        logprobs, penalties, logits processors or grammar; None when some row does (`sample` then does it all)."""
         for r in requests:
             p = r.sampling_params
-            if p.logprobs is not None or p.has_penalties or r.grammar is not None:
+            if p.logprobs is not None or p.has_penalties or p.has_logits_processors or r.grammar is not None:
                 return None
         if all(r.sampling_params.is_greedy for r in requests):
             return logits.argmax(dim=-1)

@@ -5,7 +5,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import InvalidRequestError
-from .structured_output import check_response_format
+from .structured_output import check_response_format, check_structured_outputs, response_format_constraint
+
+MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass
@@ -28,6 +30,14 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     response_format: dict | None = None  # OpenAI's {"type": "json_object" | "json_schema", ...}
+    # vLLM's StructuredOutputsParams: exactly one of json, regex, choice, grammar, json_object
+    structured_outputs: dict | None = None
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0  # EOS and stop_token_ids are masked (stop strings ignored) until this many tokens
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (clamped to [-100, 100])
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] = field(default_factory=list)  # never completed (their last token is masked)
+    prompt_logprobs: int | None = None  # log-probabilities of the prompt's tokens (+ this many alternatives)
 
     MAX_LOGPROBS = 20
 
@@ -54,12 +64,41 @@ class SamplingParams:
             raise InvalidRequestError("stop", "must be non-empty strings")
         if self.seed is not None and not isinstance(self.seed, int):
             raise InvalidRequestError("seed", f"must be an integer, got {self.seed!r}")
+        self._check_int("min_tokens", 0)
+        if self.prompt_logprobs is not None and not (isinstance(self.prompt_logprobs, int)
+                                                     and 0 <= self.prompt_logprobs <= self.MAX_LOGPROBS):
+            raise InvalidRequestError("prompt_logprobs", f"must be in [0, {self.MAX_LOGPROBS}], "
+                                                         f"got {self.prompt_logprobs!r}")
+        self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise InvalidRequestError("allowed_token_ids", "must not be empty")
+        self.logit_bias = _logit_bias(self.logit_bias)
+        if not isinstance(self.bad_words, list) or any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise InvalidRequestError("bad_words", "must be a list of non-blank strings")
         self.response_format = check_response_format(self.response_format)
+        self.structured_outputs = check_structured_outputs(self.structured_outputs)
+        if self.response_format is not None and self.structured_outputs is not None:
+            raise InvalidRequestError("structured_outputs", "give either response_format or structured outputs")
 
     def _check_int(self, name: str, minimum: int):
         value = getattr(self, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise InvalidRequestError(name, f"must be an integer >= {minimum}, got {value!r}")
+
+    @property
+    def constraint(self) -> dict | None:
+        """What the output must follow (structured_outputs' shape), from either field."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs
+        if self.response_format is None:
+            return None
+        return response_format_constraint(self.response_format)
+
+    @property
+    def has_logits_processors(self) -> bool:
+        return bool(self.logit_bias or self.allowed_token_ids is not None or self.min_tokens or self.bad_words)
 
     @property
     def is_greedy(self) -> bool:
@@ -80,3 +119,27 @@ class SamplingParams:
             return cls(**values)
         except TypeError as exc:  # e.g. a string where a number belongs
             raise InvalidRequestError("sampling_params", str(exc)) from exc
+
+
+def _token_ids(name: str, values) -> list[int]:
+    if not isinstance(values, list) or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in values):
+        raise InvalidRequestError(name, "must be a list of token ids (integers >= 0)")
+    return values
+
+
+def _logit_bias(values) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} (JSON keys are strings) as {id: bias in [-100, 100]}."""
+    if not values:
+        return None
+    if not isinstance(values, dict):
+        raise InvalidRequestError("logit_bias", "must be an object mapping token ids to biases")
+    out = {}
+    for key, bias in values.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id") from None
+        if token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise InvalidRequestError("logit_bias", f"needs token ids >= 0 and numeric biases, got {key!r}: {bias!r}")
+        out[token] = max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(bias)))
+    return out

@@ -1,4 +1,5 @@
-"""Structured output: `response_format` json_object / json_schema enforced by xgrammar token masks.
+"""Structured output: `response_format` json_object / json_schema and vLLM's `structured_outputs` (json,
+regex, choice, grammar, json_object) enforced by xgrammar token masks.
 
 A request with a response format carries a `GrammarMatcher` (`EngineRequest.grammar`). Before
 sampling, the rows that have one get their next-token bitmask and one batched masking call; rows
@@ -54,6 +55,52 @@ def check_response_format(value) -> dict | None:
     return value
 
 
+CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+SO_FIELD = "structured_outputs"
+
+
+def check_structured_outputs(value) -> dict | None:
+    """vLLM's StructuredOutputsParams, checked: exactly one kind, of the right type; None if empty."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(SO_FIELD, f"must be an object with one of {', '.join(CONSTRAINT_KINDS)}")
+    unknown = sorted(set(value) - set(CONSTRAINT_KINDS) - {"disable_any_whitespace", "disable_fallback",
+                                                            "disable_additional_properties", "whitespace_pattern"})
+    if unknown:
+        raise InvalidRequestError(SO_FIELD, f"unknown key(s) {', '.join(unknown)} "
+                                            f"(known: {', '.join(CONSTRAINT_KINDS)})")
+    given = {k: v for k, v in value.items() if k in CONSTRAINT_KINDS and v not in (None, False)}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidRequestError(SO_FIELD, f"give one constraint, got {', '.join(sorted(given))}")
+    kind, spec = next(iter(given.items()))
+    if kind == "json" and isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(SO_FIELD, f"json: not a JSON schema ({exc.msg})") from None
+    valid = {"json": isinstance(spec, dict), "regex": isinstance(spec, str) and spec,
+             "grammar": isinstance(spec, str) and spec, "json_object": spec is True,
+             "choice": isinstance(spec, list) and spec and all(isinstance(c, str) for c in spec)}[kind]
+    if not valid:
+        raise InvalidRequestError(SO_FIELD, f"{kind}: wrong type or empty")
+    return {kind: spec}
+
+
+def response_format_constraint(response_format: dict) -> dict:
+    """A checked response_format (json_object / json_schema) in structured_outputs' shape."""
+    if response_format["type"] == "json_object":
+        return {"json_object": True}
+    return {"json": response_format["json_schema"]["schema"]}
+
+
+def constraint_field(params) -> str:
+    """The request field a constraint came from, for errors."""
+    return SO_FIELD if params.structured_outputs is not None else FIELD
+
+
 class StructuredOutputs:
     """Compiles response formats for one tokenizer (cached by xgrammar) and makes matchers."""
 
@@ -74,17 +121,28 @@ class StructuredOutputs:
                 self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
             return self._compiler
 
-    def compile(self, response_format: dict):
-        """The compiled grammar; an unusable schema raises InvalidRequestError naming response_format.
-        Safe from any thread (the serving layer compiles off the event loop before submitting)."""
+    def compile(self, constraint: dict, field: str = FIELD):
+        """The compiled grammar of a constraint (`SamplingParams.constraint`); an unusable one raises
+        InvalidRequestError naming `field`. Safe from any thread (the serving layer compiles off the
+        event loop before submitting; xgrammar caches what it compiled)."""
         compiler = self._get_compiler()
+        if "type" in constraint:  # a response_format as SamplingParams holds it
+            constraint = response_format_constraint(constraint)
+        (kind, spec), = constraint.items()
         try:
-            if response_format["type"] == "json_object":  # any JSON object (xgrammar's built-in JSON allows arrays)
+            if kind == "json_object":  # any JSON object (xgrammar's built-in JSON allows arrays)
                 return compiler.compile_json_schema(JSON_OBJECT)
-            return compiler.compile_json_schema(json.dumps(response_format["json_schema"]["schema"]))
+            if kind == "json":
+                return compiler.compile_json_schema(json.dumps(spec))
+            if kind == "regex":
+                return compiler.compile_regex(spec)
+            if kind == "choice":
+                return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in spec))
+            return compiler.compile_grammar(spec)
         except (RuntimeError, ValueError, TypeError) as exc:
             reason = _XGRAMMAR_PREFIX.sub("", str(exc)).strip().splitlines()[0]
-            raise InvalidRequestError(FIELD, f"invalid JSON schema: {reason}") from None
+            what = "JSON schema" if kind in ("json", "json_object") else kind
+            raise InvalidRequestError(field, f"invalid {what}: {reason}") from None
 
     @staticmethod
     def matcher(compiled_grammar):
