@@ -21,7 +21,7 @@ def ops():
 def loaded_weights(gguf_path):
     from modelplex_native_gpu.loader import load_weights
 
-    return load_weights(gguf_path)
+    return load_weights(gguf_path).dequantized()  # the token-exact fp32 engines; quantized tests load their own
 
 
 @pytest.fixture(scope="session")

@@ -73,7 +73,8 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, arch.max_position_embeddings)
         self.runner = ModelRunner(ModelRunnerConfig(device, dtype, config.block_size, self.max_model_len,
                                                     cuda_graphs=not config.enforce_eager,
-                                                    max_num_seqs=config.max_num_seqs), loaded)
+                                                    max_num_seqs=config.max_num_seqs,
+                                                    quantized_weights=config.keeps_quantized_weights()), loaded)
         self.runner.sampler.generator.manual_seed(config.seed)
         num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
         progress(f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens on {device}")

@@ -33,6 +33,7 @@ class ModelRunnerConfig:
     max_model_len: int
     cuda_graphs: bool = False  # decode-only steps replay captured CUDA graphs (CUDA only)
     max_num_seqs: int = 128  # the largest decode batch a graph is captured for
+    quantized_weights: bool = True  # a GGUF's quantized tensors stay in their blocks (CPU with compiled ops)
 
 
 class ModelRunner:
@@ -48,6 +49,9 @@ class ModelRunner:
             from ..kernels import cpu as kernels
 
             kernels.compiled_ops()  # built (first use on this machine: ~15 s) while the model loads
+        if loaded.is_quantized and not (cfg.quantized_weights and self.device.type == "cpu"
+                                        and kernels.compiled_ops() is not None):
+            loaded = loaded.dequantized()  # the quantized kernels are the compiled CPU ops
         self.kernels = kernels
         self.model = LlamaForCausalLM(loaded.config, kernels, max_position=cfg.max_model_len)
         unused = self.model.load_weights(loaded.weights)
@@ -82,8 +86,7 @@ class ModelRunner:
         tensors = {}
         for module in self.model.modules():
             if isinstance(module, Linear):
-                weight = module.weight if module.packed_weight is None else module.packed_weight
-                tensors[id(weight)] = weight
+                tensors.update((id(t), t) for t in module.weight_tensors())
             elif isinstance(module, RMSNorm):
                 tensors[id(module.weight)] = module.weight
         return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -1,4 +1,5 @@
-"""GGUF loading: architecture from metadata, tensors dequantized to fp32 and renamed to HF names."""
+"""GGUF loading: architecture from metadata, tensors renamed to HF names: float ones as fp32, quantized ones
+left in the file as lazy sources (loader/gguf_tensors.py) that the model reads in their blocks."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +7,7 @@ import torch
 
 from ..errors import ModelLoadError
 from ..models.config import LlamaArchConfig
-from . import LoadedWeights
+from . import LoadedWeights, gguf_tensors
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -42,7 +43,8 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 def load(path: str) -> LoadedWeights:
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    reader = gguf_tensors.open_reader(path)
+    gguf_tensors.check_tensors(reader, path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
@@ -53,6 +55,14 @@ def load(path: str) -> LoadedWeights:
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         if name is None:
+            continue
+        if gguf_tensors.is_quantized(tensor):
+            w = gguf_tensors.GGUFQuantizedTensor(path, tensor)
+            if arch != "qwen2" and tensor.name.endswith("attn_q.weight"):
+                w = w.unpermuted(config.num_attention_heads)
+            elif arch != "qwen2" and tensor.name.endswith("attn_k.weight"):
+                w = w.unpermuted(config.num_key_value_heads)
+            weights[name] = w
             continue
         w = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
         w = w.reshape([int(d) for d in reversed(tensor.shape)])

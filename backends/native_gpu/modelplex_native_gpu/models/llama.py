@@ -14,6 +14,7 @@ from torch import nn
 from ..layers.attention import AttentionMetadata, PagedAttention
 from ..layers.linear import Linear
 from ..layers.norm import RMSNorm
+from ..layers.quantized import QuantizedWeight, embedding, is_quantized_source
 from ..layers.rotary import RotaryEmbedding
 from .config import LlamaArchConfig
 
@@ -98,7 +99,7 @@ class LlamaForCausalLM(nn.Module):
         self.fused_ops = None  # kernels' fused CPU layer ops (torch.ops.modelplex_cpu), set by the runner
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = embedding(input_ids, self.embed_tokens, self.norm.weight.dtype)
         rope = self.rotary.table(positions, x.dtype)
         # `.forward` rather than calling the modules, here and in the layers: nn.Module's call (hook
         # checks) costs a few microseconds, ~300 times a step; these modules never carry hooks.
@@ -121,23 +122,33 @@ class LlamaForCausalLM(nn.Module):
         weights = dict(weights)  # popped as consumed; the caller's dict stays whole
         get = weights.pop
         with torch.no_grad():
-            self.embed_tokens.copy_(get("model.embed_tokens.weight"))
+            self._load_embedding(get("model.embed_tokens.weight"))
             self.norm.weight.copy_(get("model.norm.weight"))
             if not self.config.tie_word_embeddings:
-                self.lm_head.weight.copy_(get("lm_head.weight"))
+                self.lm_head.load([get("lm_head.weight")])
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
                 attn = layer.self_attn
-                attn.qkv_proj.weight.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+                attn.qkv_proj.load([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
                 if attn.qkv_proj.bias is not None:
                     attn.qkv_proj.bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
-                attn.o_proj.weight.copy_(get(p + "self_attn.o_proj.weight"))
+                attn.o_proj.load([get(p + "self_attn.o_proj.weight")])
                 mlp = layer.mlp
-                gate_up = [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]
-                mlp.gate_up_proj.weight.copy_(torch.cat(gate_up))
-                mlp.down_proj.weight.copy_(get(p + "mlp.down_proj.weight"))
+                mlp.gate_up_proj.load([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+                mlp.down_proj.load([get(p + "mlp.down_proj.weight")])
                 layer.input_layernorm.weight.copy_(get(p + "input_layernorm.weight"))
                 layer.post_attention_layernorm.weight.copy_(get(p + "post_attention_layernorm.weight"))
         weights.pop("lm_head.weight", None)  # tied checkpoints may carry a copy
         unused = [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
         return unused
+
+    def _load_embedding(self, table) -> None:
+        """A quantized table stays in the file's format (a step dequantizes the rows it looks up; a tied LM
+        head multiplies with the same blocks); a float one is copied into the parameter."""
+        if not is_quantized_source(table):
+            self.embed_tokens.copy_(table)
+            return
+        del self.embed_tokens  # the fp32 parameter (never written: no memory behind it) goes
+        self.embed_tokens = QuantizedWeight.read([table])
+        if self.config.tie_word_embeddings:
+            self.lm_head.load([self.embed_tokens])
