@@ -31,7 +31,7 @@ def make_weight(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
         return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
     block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (n * k // block, nbytes), dtype=np.uint8)
-    scales = rng.uniform(1e-3, 2e-2, (n * k // block, 2)).astype(np.float16).view(np.uint8)
+    scales = rng.uniform(1e-4, 2e-3, (n * k // block, 2)).astype(np.float16).view(np.uint8)
     if type_name == "Q6_K":
         blocks[:, 208:210] = scales[:, 0:2]
     else:
