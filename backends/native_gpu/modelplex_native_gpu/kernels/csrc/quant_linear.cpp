@@ -27,8 +27,10 @@
 #include <optional>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__F16C__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
 #define QL_AVX2 1
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define QL_VNNI 1
@@ -62,7 +64,11 @@ Format format_of(int64_t t) {
 inline float fp16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);  // one instruction; c10::Half's portable conversion is ~15 (exact either way)
+#else
   return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+#endif
 }
 
 // K-quants' 6-bit scale and min of sub-block j (gguf's Q4_K.get_scale_min).
@@ -245,6 +251,7 @@ constexpr int64_t kTileTokens = 4;  // 16 accumulators of 32 vector registers
 constexpr int64_t kTileTokens = 2;  // 8 accumulators of 16
 #endif
 constexpr int64_t kTileRows = 4;
+constexpr int64_t kPrefetchBytes = 768;
 
 // y[j][i] = row i . token j for NR weight rows (row_bytes apart) x MR tokens.
 template <int64_t T, int64_t MR, int64_t NR>
@@ -263,6 +270,9 @@ void int8_tile(const uint8_t* w, int64_t row_bytes, const QuantizedActivations& 
     }
     for (int64_t i = 0; i < NR; ++i) {
       const uint8_t* blk = w + i * row_bytes + b * B::bytes;
+      // NR rows stream side by side: the hardware prefetchers alone kept one token's product at ~14 GB/s
+      // from DRAM (55 GB/s from L3) on Zen 5; a software prefetch kPrefetchBytes ahead in each row restores it.
+      __builtin_prefetch(blk + kPrefetchBytes);
       const __m256i wq = codes<T>(blk);
       const float dw = fp16(blk);
       __m256 vm;
