@@ -85,7 +85,7 @@ def llama_bench(binary: str, path: str) -> float | None:
 
 
 LOAD_ONLY = """
-import resource, sys
+import sys
 sys.path.insert(0, sys.argv[2])
 import torch
 from modelplex_native_gpu.kernels import cpu
@@ -93,10 +93,15 @@ cpu.compiled_ops()
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
+def peak_rss():  # VmHWM, reset below: the peak of the load alone (the ops' first build may have peaked higher)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
 before = rss()
 from gguf_decode import make_engine
 engine = make_engine(sys.argv[1])
-print(before, rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, engine.runner.weight_bytes)
+print(before, rss(), peak_rss(), engine.runner.weight_bytes)
 """
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "backends", "native_gpu"))
 
-from modelplex_native_gpu.loader import gguf_write  # noqa: E402
+from modelplex_native_gpu.loader import gguf_write
 
 SHAPES = {  # hidden, ffn, layers, heads, kv heads, vocab, tied, rope theta
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152, True, 100000.0),

@@ -1,6 +1,7 @@
 """Tiny random Llama GGUF files with quantized weights, written with loader/gguf_write.py: the quantized
 loading and engine tests' models (2 layers, hidden 256: K-quant rows are whole 256-weight super-blocks)."""
 import numpy as np
+
 from helpers.quant_check import make_weight
 
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS, VOCAB = 256, 512, 4, 2, 2, 320

@@ -93,7 +93,7 @@ class QuantizedWeight:
         if len(self.segments) == 1:
             s = self.segments[0]
             return self.ops.quant_dequantize(s.data, s.qtype, self.in_features, ids)
-        return torch.cat([self.ops.quant_dequantize(s.data, s.qtype, self.in_features, None) for s in self.segments])[ids]
+        return self.dequantize()[ids]
 
     def dequantize(self) -> torch.Tensor:
         return torch.cat([self.ops.quant_dequantize(s.data, s.qtype, self.in_features, None) for s in self.segments])

@@ -52,9 +52,9 @@ def check_tensors(reader, path: str) -> None:
     for t, following in zip(ordered, ordered[1:]):
         if t.data_offset + t.n_bytes > following.data_offset:
             raise ModelLoadError(
-                f"tensor {t.name!r}: shape {[int(d) for d in t.shape]} of {t.tensor_type.name} needs {t.n_bytes} bytes, "
-                f"but the next tensor ({following.name!r}) starts {following.data_offset - t.data_offset} bytes after it: "
-                f"its size disagrees with its shape")
+                f"tensor {t.name!r}: shape {[int(d) for d in t.shape]} of {t.tensor_type.name} needs {t.n_bytes} "
+                f"bytes, but the next tensor ({following.name!r}) starts {following.data_offset - t.data_offset} "
+                f"bytes after it: its size disagrees with its shape")
 
 
 def is_quantized(tensor) -> bool:
