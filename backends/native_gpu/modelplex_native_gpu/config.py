@@ -11,6 +11,10 @@ class EngineConfig:
     """Settings of one engine. `device`/`dtype` of None pick cuda+bf16 if available, else cpu+bf16.
 
     `dtype="float32"` is the token-exact mode (greedy output identical to HF transformers fp32).
+    `quantized_weights`: a GGUF's quantized tensors (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) stay in their
+    blocks and the CPU multiplies with them (True), or are dequantized to `dtype` at load (False). None
+    keeps them quantized unless `dtype="float32"` asks for the token-exact mode. On CUDA they are
+    always dequantized.
     `max_num_batched_tokens` of None means 2048 on CUDA and 256 on CPU, where a step's prefill tokens
     stall every running decode for their compute time (256 fp32 tokens of a 135M model: ~0.3 s).
     `kv_cache_memory_bytes` of None means `gpu_memory_utilization` of free memory on CUDA
@@ -21,6 +25,7 @@ class EngineConfig:
     model: str = ""
     device: str | None = None
     dtype: str | None = None
+    quantized_weights: bool | None = None
     block_size: int = 16
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None
@@ -65,6 +70,9 @@ class EngineConfig:
                                                f"integer, got {value!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise InvalidConfigError("max_model_len", "must be positive")
+
+    def keeps_quantized_weights(self) -> bool:
+        return self.quantized_weights if self.quantized_weights is not None else self.dtype != "float32"
 
     def token_budget(self, device: str) -> int:
         """max_num_batched_tokens, or the device's default."""

@@ -75,7 +75,7 @@ def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
                 settings[key] = int(value)
             elif key == "gpu_memory_utilization":
                 settings[key] = float(value)
-            elif key in ("enable_prefix_caching", "adaptive_threads", "enforce_eager"):
+            elif key in ("enable_prefix_caching", "adaptive_threads", "enforce_eager", "quantized_weights"):
                 settings[key] = params.parse_bool(value, f"parameter '{key}'")
             else:
                 settings[key] = value

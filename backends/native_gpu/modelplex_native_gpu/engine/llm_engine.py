@@ -76,7 +76,8 @@ class LLMEngine:
         self.runner = ModelRunner(ModelRunnerConfig(device, dtype, config.block_size, self.max_model_len,
                                                     cuda_graphs=not config.enforce_eager,
                                                     max_num_seqs=config.max_num_seqs,
-                                                    max_num_batched_tokens=config.token_budget(device)), loaded)
+                                                    max_num_batched_tokens=config.token_budget(device),
+                                                    quantized_weights=config.keeps_quantized_weights()), loaded)
         self.runner.sampler.generator.manual_seed(config.seed)
         num_blocks = self.runner.allocate_kv_cache(self._kv_budget(device))
         progress(f"KV cache allocated: {num_blocks} blocks of {config.block_size} tokens on {device}")

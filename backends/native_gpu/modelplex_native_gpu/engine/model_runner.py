@@ -40,6 +40,7 @@ class ModelRunnerConfig:
     cuda_graphs: bool = False  # decode-only steps replay captured CUDA graphs (CUDA only)
     max_num_seqs: int = 128  # the largest decode batch a graph is captured for
     max_num_batched_tokens: int = 2048  # the most tokens a step runs
+    quantized_weights: bool = True  # a GGUF's quantized tensors stay in their blocks (CPU with compiled ops)
 
 
 class ModelRunner:
@@ -55,6 +56,9 @@ class ModelRunner:
             from ..kernels import cpu as kernels
 
             kernels.compiled_ops()  # built (first use on this machine: ~15 s) while the model loads
+        if loaded.is_quantized and not (cfg.quantized_weights and self.device.type == "cpu"
+                                        and kernels.compiled_ops() is not None):
+            loaded = loaded.dequantized()  # the quantized kernels are the compiled CPU ops
         self.kernels = kernels
         self.model = model_class(loaded.config.family)(loaded.config, kernels, max_position=cfg.max_model_len)
         self.kv_groups = group_layers(loaded.config.window_of)
@@ -100,8 +104,7 @@ class ModelRunner:
         tensors = {}
         for module in self.model.modules():
             if isinstance(module, Linear):
-                weight = module.weight if module.packed_weight is None else module.packed_weight
-                tensors[id(weight)] = weight
+                tensors.update((id(t), t) for t in module.weight_tensors())
             elif isinstance(module, RMSNorm):
                 tensors[id(module.weight)] = module.weight
         return sum(t.numel() * t.element_size() for t in tensors.values())

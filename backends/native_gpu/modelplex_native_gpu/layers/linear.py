@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .quantized import QuantizedWeight, is_quantized_source
+
 
 class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
@@ -22,20 +24,43 @@ class Linear(nn.Module):
         self.out_features = out_features
         self.packed_weight: torch.Tensor | None = None
         self.cpu_ops = None  # torch.ops.modelplex_cpu when packed_weight is in its panels, else oneDNN's
+        self.quantized: QuantizedWeight | None = None  # a GGUF file's blocks (then weight is None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in_features]."""
+        if self.quantized is not None:
+            return self.quantized.linear(x, self.bias)
         if self.packed_weight is None:
             return F.linear(x, self.weight, self.bias)
         if self.cpu_ops is not None:
             return self.cpu_ops.packed_linear(x, self.packed_weight, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
+    def load(self, parts: list) -> None:
+        """Take the weight from its output slices in order (q, k, v; gate, up; or one): float tensors are
+        copied into `weight`; quantized ones (lazy loader sources, or a QuantizedWeight already read, such as
+        a tied embedding) are kept as they are and `weight` is dropped."""
+        if isinstance(parts[0], QuantizedWeight):
+            self.quantized, self.weight = parts[0], None
+        elif is_quantized_source(parts[0]):
+            self.quantized, self.weight = QuantizedWeight.read(parts), None
+        else:
+            self.weight.copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
+
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The tensors a matmul reads: the packed copy where packed, the quantized blocks, else the weight."""
+        if self.quantized is not None:
+            return self.quantized.tensors
+        return [self.weight if self.packed_weight is None else self.packed_weight]
+
     def pack(self, batch_size_hint: int, keep_weight: bool = False, cpu_ops=None):
         """Hold the weight packed for CPU matmuls: in our panels when `cpu_ops` (the compiled
         torch.ops.modelplex_cpu) is given and the weight is fp32, else in oneDNN's blocked layout for
         `batch_size_hint` rows. The plain copy is dropped (`weight` becomes None: the model's memory is
-        not twice its weights) unless `keep_weight`: something else reads it (a tied embedding)."""
+        not twice its weights) unless `keep_weight`: something else reads it (a tied embedding).
+        Quantized weights stay as they are."""
+        if self.quantized is not None:
+            return
         if cpu_ops is not None and self.weight.dtype == torch.float32:
             self.packed_weight, self.cpu_ops = cpu_ops.pack_linear_weight(self.weight), cpu_ops
         else:

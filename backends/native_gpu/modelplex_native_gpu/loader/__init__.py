@@ -15,7 +15,16 @@ class LoadedWeights:
     """Architecture plus HF-named fp32/bf16 tensors, ready for the family model's load_weights."""
 
     config: ArchConfig
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor]  # or, for a GGUF's quantized tensors, lazy gguf_tensors.GGUFQuantizedTensor
+
+    @property
+    def is_quantized(self) -> bool:
+        return any(hasattr(w, "read_into") for w in self.weights.values())
+
+    def dequantized(self) -> LoadedWeights:
+        """The same weights with every quantized tensor dequantized to fp32 (for CUDA, or without a compiler)."""
+        return LoadedWeights(self.config, {k: w.dequantize() if hasattr(w, "read_into") else w
+                                           for k, w in self.weights.items()})
 
 
 def load_weights(model_path: str) -> LoadedWeights:

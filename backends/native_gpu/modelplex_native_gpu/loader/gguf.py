@@ -1,8 +1,10 @@
-"""GGUF loading: architecture from metadata, tensors dequantized to fp32 and renamed to HF names.
+"""GGUF loading: architecture from metadata, tensors renamed to HF names: float ones as fp32, quantized ones
+left in the file as lazy sources (loader/gguf_tensors.py) that the model reads in their blocks.
 
 Tensor names are llama.cpp's (gguf-py's tensor_mapping); the family-specific metadata is read in
-gguf_config.py. Undone here: llama.cpp's RoPE row permutation of Llama/Mistral q/k, and the +1 its
-converter adds to Gemma's norm weights (the models add it back, as for HF checkpoints).
+gguf_config.py. Undone here: llama.cpp's RoPE row permutation of Llama/Mistral q/k (on the quantized
+bytes too: whole rows of blocks), and the +1 its converter adds to Gemma's norm weights (the models add it
+back, as for HF checkpoints).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 
 from ..errors import ModelLoadError
 from ..models.config import ArchConfig
-from . import LoadedWeights
+from . import LoadedWeights, gguf_tensors
 from .gguf_config import ARCHITECTURES, arch_config
 
 _LAYER_NAMES = {
@@ -56,7 +58,8 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 def load(path: str) -> LoadedWeights:
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    reader = gguf_tensors.open_reader(path)
+    gguf_tensors.check_tensors(reader, path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -75,6 +78,10 @@ def load(path: str) -> LoadedWeights:
         hf_name = _hf_name(name, config.family)
         if hf_name is None:
             continue
+        tensor = tensors[name]
+        if gguf_tensors.is_quantized(tensor) and not hf_name.endswith(("norm.weight", ".bias")):
+            weights[hf_name] = _quantized_to_hf(gguf_tensors.GGUFQuantizedTensor(path, tensor), name, arch, config)
+            continue
         w = _to_hf(read(name), name, hf_name, arch, config)
         weights[hf_name] = torch.from_numpy(np.array(w, dtype=np.float32))  # copy: F32 tensors are read-only mmaps
     return LoadedWeights(config, weights)
@@ -87,4 +94,14 @@ def _to_hf(w: np.ndarray, name: str, hf_name: str, arch: str, config: ArchConfig
         return _unpermute(w, config.num_key_value_heads)
     if config.family in ("gemma2", "gemma3") and hf_name.endswith("norm.weight"):
         return w - 1.0
+    return w
+
+
+def _quantized_to_hf(w: gguf_tensors.GGUFQuantizedTensor, name: str, arch: str,
+                     config: ArchConfig) -> gguf_tensors.GGUFQuantizedTensor:
+    """A quantized weight left in the file, llama.cpp's q/k row permutation undone on its rows."""
+    if arch in _PERMUTED_ARCHITECTURES and name.endswith("attn_q.weight"):
+        return w.unpermuted(config.num_attention_heads)
+    if arch in _PERMUTED_ARCHITECTURES and name.endswith("attn_k.weight"):
+        return w.unpermuted(config.num_key_value_heads)
     return w

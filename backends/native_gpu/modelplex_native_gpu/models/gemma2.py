@@ -5,7 +5,6 @@ with global ones, tied embeddings, and attention scaled by query_pre_attn_scalar
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..layers.norm import RMSNorm
@@ -45,7 +44,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = super().embed(input_ids)
         return x * self.embed_scale.to(device=x.device, dtype=x.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

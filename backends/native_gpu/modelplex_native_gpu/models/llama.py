@@ -17,6 +17,7 @@ from ..errors import ModelLoadError
 from ..layers.attention import AttentionMetadata, PagedAttention
 from ..layers.linear import Linear
 from ..layers.norm import RMSNorm
+from ..layers.quantized import QuantizedWeight, embedding, is_quantized_source
 from ..layers.rotary import RotaryEmbedding
 from .config import ArchConfig
 
@@ -123,7 +124,8 @@ class LlamaForCausalLM(nn.Module):
         self.fused_ops = None  # kernels' fused CPU layer ops (torch.ops.modelplex_cpu), set by the runner
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.embed_tokens)
+        """The rows' embeddings (a quantized table dequantizes only the rows looked up)."""
+        return embedding(input_ids, self.embed_tokens, self.norm.weight.dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metas: list[AttentionMetadata]) -> torch.Tensor:
         x = self.embed(input_ids)
@@ -153,20 +155,51 @@ class LlamaForCausalLM(nn.Module):
         q/k/v and gate/up where the checkpoint keeps them apart. Returns the names left unused."""
         weights = dict(weights)  # popped as consumed; the caller's dict stays whole
         with torch.no_grad():
-            for name, param in self.named_parameters():  # a tied LM head is the embedding: listed once
+            linears = {name: m for name, m in self.named_modules() if isinstance(m, Linear)}
+            for name, param in list(self.named_parameters()):  # a tied LM head is the embedding: listed once
                 hf_name = ("model.embed_tokens.weight" if name == "embed_tokens" else
                            name if name.startswith("lm_head.") else "model." + name)
-                param.copy_(self.adapt_weight(hf_name, _take(weights, hf_name)))
+                module, _, kind = name.rpartition(".")
+                if name == "embed_tokens":
+                    (table,) = _take_parts(weights, hf_name)
+                    self._load_embedding(table if is_quantized_source(table) else self.adapt_weight(hf_name, table))
+                elif kind == "weight" and module in linears:
+                    parts = _take_parts(weights, hf_name)
+                    if not any(is_quantized_source(w) for w in parts):
+                        parts = [self.adapt_weight(hf_name, torch.cat(parts) if len(parts) > 1 else parts[0])]
+                    linears[module].load(parts)  # quantized parts stay in their blocks
+                else:
+                    param.copy_(self.adapt_weight(hf_name, _take(weights, hf_name)))
         weights.pop("lm_head.weight", None)  # tied checkpoints may carry a copy
         return [k for k in weights if not k.endswith("rotary_emb.inv_freq")]
 
+    def _load_embedding(self, table) -> None:
+        """A quantized table stays in the file's format (a step dequantizes the rows it looks up; a tied LM
+        head multiplies with the same blocks); a float one is copied into the parameter."""
+        if not is_quantized_source(table):
+            self.embed_tokens.copy_(table)
+            return
+        del self.embed_tokens  # the fp32 parameter (never written: no memory behind it) goes
+        self.embed_tokens = QuantizedWeight.read([table])
+        if self.config.tie_word_embeddings:
+            self.lm_head.load([self.embed_tokens])
 
-def _take(weights: dict[str, torch.Tensor], hf_name: str) -> torch.Tensor:
+
+def _take_parts(weights: dict, hf_name: str) -> list:
+    """The tensor `hf_name` as a list of row slices: itself, or the HF tensors a fused parameter concatenates
+    (not concatenated here: quantized ones are read slice by slice into their place)."""
     if hf_name in weights:
-        return weights.pop(hf_name)
+        return [weights.pop(hf_name)]
     prefix, module, kind = hf_name.rsplit(".", 2)
     parts = [f"{prefix}.{part}.{kind}" for part in _FUSED.get(module, ())]
     missing = [p for p in parts if p not in weights] if parts else [hf_name]
     if missing:
         raise ModelLoadError(f"checkpoint tensor {missing[0]!r} is missing")
-    return torch.cat([weights.pop(p) for p in parts])
+    return [weights.pop(p) for p in parts]
+
+
+def _take(weights: dict[str, torch.Tensor], hf_name: str) -> torch.Tensor:
+    parts = _take_parts(weights, hf_name)
+    if any(is_quantized_source(w) for w in parts):
+        raise ModelLoadError(f"checkpoint tensor {hf_name!r} is quantized, which this parameter cannot hold")
+    return torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -1,0 +1,473 @@
+// Linear layers on GGUF-quantized weights, kept in the file's block layout ([out_features][row bytes], ggml's
+// blocks in k order), so loading is a copy of the file's bytes and no fp32 weight is ever held.
+// - Q8_0, Q4_0, Q4_1, Q5_0: integer dot products, as llama.cpp's CPU backend does, but with each token's
+//   activations in two int8 planes a block of 32: q1 = round(x / d) (d = amax / 127, llama.cpp's Q8_0
+//   activations) and q2 = round((x - d q1) * 256 / d), the remainder, so x ~ d (q1 + q2 / 256): about
+//   int16 precision. One plane alone (what llama.cpp does) moved SmolLM2-135M's greedy answers (teacher-forced
+//   argmax agreement with transformers on the same Q8_0 weights 97.9%, a chat answer changed at its first
+//   token); the second plane costs one more integer dot a block on weights already in registers. A block's
+//   product is scale_w * d / 256 * (256 dot(w, q1) + dot(w, q2)) (minus the format's offset times the
+//   activation sum, plus Q4_1's min times it), accumulated in fp32. Register tiles of kTileRows weight rows x
+//   kTileTokens tokens read each weight block once for all the tile's tokens (matrix-vector at one token,
+//   GEMM at many). AVX-512 VNNI (vpdpbusd on 256-bit vectors) where the build has it, AVX2 (maddubs + madd)
+//   otherwise, and a portable scalar path.
+// - Q4_K, Q5_K, Q6_K: a tile of rows dequantized to fp32 (L2-resident, never the whole weight), then fp32
+//   dot products with the unquantized activations.
+// Every output is computed by the same sequence of operations whatever the batch, so a token's outputs do
+// not depend on the tokens batched with it. Dequantization equals gguf.quants.dequantize bit for bit
+// (same operations in the same order; built with -ffp-contract=off).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#if defined(__F16C__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#define QL_AVX2 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define QL_VNNI 1
+#endif
+#endif
+
+namespace {
+
+// ggml's type numbers (gguf.GGMLQuantizationType).
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+constexpr int64_t kQK = 256;  // K-quant super-block
+
+struct Format {
+  int64_t block;  // weights a block
+  int64_t bytes;  // bytes a block
+};
+
+Format format_of(int64_t t) {
+  switch (t) {
+    case kQ4_0: return {32, 18};
+    case kQ4_1: return {32, 20};
+    case kQ5_0: return {32, 22};
+    case kQ8_0: return {32, 34};
+    case kQ4_K: return {kQK, 144};
+    case kQ5_K: return {kQK, 176};
+    case kQ6_K: return {kQK, 210};
+    default: TORCH_CHECK(false, "quantized linear: unsupported GGML type ", t);
+  }
+}
+
+inline float fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);  // one instruction; c10::Half's portable conversion is ~15 (exact either way)
+#else
+  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+#endif
+}
+
+// K-quants' 6-bit scale and min of sub-block j (gguf's Q4_K.get_scale_min).
+inline void scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 2) & 0x30);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+  }
+}
+
+// One row of K weights to fp32, in the operations and order of gguf.quants' dequantize_blocks.
+void dequantize_row(int64_t t, const uint8_t* src, int64_t K, float* out) {
+  const Format f = format_of(t);
+  for (int64_t b = 0; b < K / f.block; ++b, src += f.bytes, out += f.block) {
+    switch (t) {
+      case kQ8_0: {
+        const float d = fp16(src);
+        for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(static_cast<int8_t>(src[2 + i]));
+        break;
+      }
+      case kQ4_0: {
+        const float d = fp16(src);
+        for (int i = 0; i < 16; ++i) {
+          out[i] = d * static_cast<float>((src[2 + i] & 0x0F) - 8);
+          out[i + 16] = d * static_cast<float>((src[2 + i] >> 4) - 8);
+        }
+        break;
+      }
+      case kQ4_1: {
+        const float d = fp16(src), m = fp16(src + 2);
+        for (int i = 0; i < 16; ++i) {
+          out[i] = d * static_cast<float>(src[4 + i] & 0x0F) + m;
+          out[i + 16] = d * static_cast<float>(src[4 + i] >> 4) + m;
+        }
+        break;
+      }
+      case kQ5_0: {
+        const float d = fp16(src);
+        uint32_t qh;
+        std::memcpy(&qh, src + 2, 4);
+        for (int i = 0; i < 16; ++i) {
+          const int lo = (src[6 + i] & 0x0F) | (((qh >> i) & 1) << 4);
+          const int hi = (src[6 + i] >> 4) | (((qh >> (i + 16)) & 1) << 4);
+          out[i] = d * static_cast<float>(lo - 16);
+          out[i + 16] = d * static_cast<float>(hi - 16);
+        }
+        break;
+      }
+      case kQ4_K:
+      case kQ5_K: {
+        const float d = fp16(src), dmin = fp16(src + 2);
+        const uint8_t* scales = src + 4;
+        const uint8_t* qh = src + 16;  // Q5_K only
+        const uint8_t* qs = src + (t == kQ4_K ? 16 : 48);
+        for (int j = 0; j < 8; ++j) {  // sub-block j: 32 weights, nibble j % 2 of bytes qs[32 (j / 2) ...]
+          int sc, m;
+          scale_min_k4(j, scales, &sc, &m);
+          const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(m);
+          for (int l = 0; l < 32; ++l) {
+            int q = (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0F;
+            if (t == kQ5_K) q |= ((qh[l] >> j) & 1) << 4;
+            out[j * 32 + l] = dl * static_cast<float>(q) - ml;
+          }
+        }
+        break;
+      }
+      case kQ6_K: {
+        const uint8_t* ql = src;
+        const uint8_t* qh = src + 128;
+        const int8_t* scales = reinterpret_cast<const int8_t*>(src + 192);
+        const float d = fp16(src + 208);
+        for (int e = 0; e < kQK; ++e) {  // half h, quarter s, lane l
+          const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+          const int lo = (ql[h * 64 + (s % 2) * 32 + l] >> (4 * (s / 2))) & 0x0F;
+          const int hi = (qh[h * 32 + l] >> (2 * s)) & 3;
+          const float dl = d * static_cast<float>(scales[e / 16]);
+          out[e] = dl * static_cast<float>((lo | (hi << 4)) - 32);
+        }
+        break;
+      }
+      default: TORCH_CHECK(false, "unsupported type");
+    }
+  }
+}
+
+// ---- activations as two int8 planes, blocks of 32 ----------------------------------------------------------
+struct QuantizedActivations {
+  int64_t K = 0, nb = 0;
+  std::vector<int8_t> q, q2;  // [M][K]: x ~ d (q + q2 / 256)
+  std::vector<float> d;       // [M][nb] scale
+  std::vector<int32_t> s;     // [M][nb] 256 sum(q) + sum(q2)
+  std::vector<float> ds;      // [M][nb][8] sum of the block's x~ in lane 0 (Q4_1's min term), zeros elsewhere
+};
+
+void quantize_activations(const float* x, int64_t M, int64_t K, bool with_ds, QuantizedActivations& a) {
+  a.K = K;
+  a.nb = K / 32;
+  a.q.resize(M * K);
+  a.q2.resize(M * K);
+  a.d.resize(M * a.nb);
+  a.s.resize(M * a.nb);
+  if (with_ds) a.ds.assign(M * a.nb * 8, 0.f);
+  at::parallel_for(0, M * a.nb, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* v = x + (i / a.nb) * K + (i % a.nb) * 32;
+      int8_t* q = a.q.data() + (i / a.nb) * K + (i % a.nb) * 32;
+      int8_t* q2 = a.q2.data() + (i / a.nb) * K + (i % a.nb) * 32;
+      float amax = 0.f;
+      for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
+      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+      int32_t sum = 0;
+      for (int k = 0; k < 32; ++k) {
+        const int r = static_cast<int>(std::nearbyint(v[k] * id));
+        q[k] = static_cast<int8_t>(std::clamp(r, -127, 127));
+        const int r2 = static_cast<int>(std::nearbyint((v[k] - d * static_cast<float>(q[k])) * id * 256.f));
+        q2[k] = static_cast<int8_t>(std::clamp(r2, -127, 127));
+        sum += 256 * q[k] + q2[k];
+      }
+      a.d[i] = d;
+      a.s[i] = sum;
+      if (with_ds) a.ds[i * 8] = d * (static_cast<float>(sum) / 256.f);
+    }
+  });
+}
+
+// ---- one weight block as 32 bytes, per format -------------------------------------------------------------
+// offset: the value subtracted from the unsigned codes (Q4_0 8, Q5_0 16); Q8_0 codes are signed; Q4_1 adds m.
+template <int64_t T> struct Blk;
+template <> struct Blk<kQ8_0> { static constexpr int64_t bytes = 34, offset = 0; static constexpr bool is_signed = true, has_min = false; };
+template <> struct Blk<kQ4_0> { static constexpr int64_t bytes = 18, offset = 8; static constexpr bool is_signed = false, has_min = false; };
+template <> struct Blk<kQ4_1> { static constexpr int64_t bytes = 20, offset = 0; static constexpr bool is_signed = false, has_min = true; };
+template <> struct Blk<kQ5_0> { static constexpr int64_t bytes = 22, offset = 16; static constexpr bool is_signed = false, has_min = false; };
+
+#if QL_AVX2
+inline __m256i nibbles(const uint8_t* p) {  // 16 bytes -> 32 codes: low nibbles first (weights 0..15), then high
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+inline __m256i bits_to_bytes(const uint8_t* p) {  // 32 bits -> 0xFF where set (llama.cpp's bytes_from_bits_32)
+  uint32_t x;
+  std::memcpy(&x, p, 4);
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), shuf);
+  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+template <int64_t T>
+inline __m256i codes(const uint8_t* b) {
+  if constexpr (T == kQ8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  if constexpr (T == kQ4_0) return nibbles(b + 2);
+  if constexpr (T == kQ4_1) return nibbles(b + 4);
+  if constexpr (T == kQ5_0) return _mm256_or_si256(nibbles(b + 6), _mm256_and_si256(bits_to_bytes(b + 2), _mm256_set1_epi8(0x10)));
+}
+
+// unsigned codes x signed activations -> 8 int32 partial sums, added to `init`.
+inline __m256i dot_us(__m256i init, __m256i u, __m256i s) {
+#if QL_VNNI
+  return _mm256_dpbusd_epi32(init, u, s);
+#else
+  const __m256i p16 = _mm256_maddubs_epi16(u, s);  // |15 * 127 * 2|, |31 * 127 * 2|, |128 * 127 * 2| < 2^15
+  return _mm256_add_epi32(init, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+#endif
+}
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+#if defined(__AVX512F__)
+constexpr int64_t kTileTokens = 4;  // 16 accumulators of 32 vector registers
+#else
+constexpr int64_t kTileTokens = 2;  // 8 accumulators of 16
+#endif
+constexpr int64_t kTileRows = 4;
+constexpr int64_t kPrefetchBytes = 768;
+
+// y[j][i] = row i . token j for NR weight rows (row_bytes apart) x MR tokens.
+template <int64_t T, int64_t MR, int64_t NR>
+void int8_tile(const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a, int64_t m0, float* y,
+               int64_t ldy) {
+  using B = Blk<T>;
+  __m256 acc[MR][NR];
+  for (int64_t j = 0; j < MR; ++j)
+    for (int64_t i = 0; i < NR; ++i) acc[j][i] = _mm256_setzero_ps();
+  const int64_t nb = a.nb;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i av[MR], av2[MR];
+    for (int64_t j = 0; j < MR; ++j) {
+      av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + (m0 + j) * a.K + b * 32));
+      av2[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + (m0 + j) * a.K + b * 32));
+    }
+    for (int64_t i = 0; i < NR; ++i) {
+      const uint8_t* blk = w + i * row_bytes + b * B::bytes;
+      // NR rows stream side by side: the hardware prefetchers alone kept one token's product at ~14 GB/s
+      // from DRAM (55 GB/s from L3) on Zen 5; a software prefetch kPrefetchBytes ahead in each row restores it.
+      __builtin_prefetch(blk + kPrefetchBytes);
+      const __m256i wq = codes<T>(blk);
+      const float dw = fp16(blk);
+      __m256 vm;
+      if constexpr (B::has_min) vm = _mm256_set1_ps(fp16(blk + 2));
+      __m256i wu;
+      if constexpr (B::is_signed) wu = _mm256_sign_epi8(wq, wq);
+      for (int64_t j = 0; j < MR; ++j) {
+        const int64_t ab = (m0 + j) * nb + b;
+        __m256i p;  // 256 dot(w, q) + dot(w, q2) - offset * s
+        if constexpr (B::is_signed) {
+          p = dot_us(_mm256_setzero_si256(), wu, _mm256_sign_epi8(av[j], wq));
+          p = dot_us(_mm256_slli_epi32(p, 8), wu, _mm256_sign_epi8(av2[j], wq));
+        } else {
+          const __m256i init = B::offset != 0 ? _mm256_zextsi128_si256(_mm_cvtsi32_si128(-B::offset * a.s[ab]))
+                                              : _mm256_setzero_si256();
+          p = dot_us(_mm256_setzero_si256(), wq, av[j]);
+          p = dot_us(_mm256_add_epi32(_mm256_slli_epi32(p, 8), init), wq, av2[j]);
+        }
+        acc[j][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[ab] * (1.f / 256.f)), acc[j][i]);
+        if constexpr (B::has_min) acc[j][i] = _mm256_fmadd_ps(vm, _mm256_loadu_ps(a.ds.data() + ab * 8), acc[j][i]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < MR; ++j)
+    for (int64_t i = 0; i < NR; ++i) y[j * ldy + i] = hsum(acc[j][i]);
+}
+#else  // portable
+constexpr int64_t kTileTokens = 1, kTileRows = 1;
+
+template <int64_t T, int64_t MR, int64_t NR>
+void int8_tile(const uint8_t* w, int64_t, const QuantizedActivations& a, int64_t m0, float* y, int64_t) {
+  using B = Blk<T>;
+  const int8_t* x = a.q.data() + m0 * a.K;
+  const int8_t* x2 = a.q2.data() + m0 * a.K;
+  float acc = 0.f;
+  for (int64_t b = 0; b < a.nb; ++b, w += B::bytes, x += 32, x2 += 32) {
+    int32_t dot = 0, dot2 = 0;
+    for (int l = 0; l < 16; ++l) {
+      int lo, hi;
+      if constexpr (T == kQ8_0) {
+        lo = static_cast<int8_t>(w[2 + l]);
+        hi = static_cast<int8_t>(w[18 + l]);
+      } else {
+        const uint8_t* qs = w + (T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : 6);
+        lo = qs[l] & 0x0F;
+        hi = qs[l] >> 4;
+        if constexpr (T == kQ5_0) {
+          uint32_t qh;
+          std::memcpy(&qh, w + 2, 4);
+          lo |= ((qh >> l) & 1) << 4;
+          hi |= ((qh >> (l + 16)) & 1) << 4;
+        }
+      }
+      dot += lo * x[l] + hi * x[l + 16];
+      dot2 += lo * x2[l] + hi * x2[l + 16];
+    }
+    const int64_t ab = m0 * a.nb + b;
+    dot = 256 * dot + dot2 - B::offset * a.s[ab];
+    acc += fp16(w) * a.d[ab] * (1.f / 256.f) * static_cast<float>(dot);
+    if constexpr (B::has_min) acc += fp16(w + 2) * a.ds[ab * 8];
+  }
+  y[0] = acc;
+}
+#endif
+
+template <int64_t T, int64_t MR, int64_t NR = kTileRows>
+void int8_tile_n(int64_t rows, const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a, int64_t m0,
+                 float* y, int64_t ldy) {
+  if constexpr (NR > 1) {
+    if (rows < NR) return int8_tile_n<T, MR, NR - 1>(rows, w, row_bytes, a, m0, y, ldy);
+  }
+  int8_tile<T, MR, NR>(w, row_bytes, a, m0, y, ldy);
+}
+
+template <int64_t T, int64_t MR = kTileTokens>
+void int8_tile_mn(int64_t tokens, int64_t rows, const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a,
+                  int64_t m0, float* y, int64_t ldy) {
+  if constexpr (MR > 1) {
+    if (tokens < MR) return int8_tile_mn<T, MR - 1>(tokens, rows, w, row_bytes, a, m0, y, ldy);
+  }
+  int8_tile_n<T, MR>(rows, w, row_bytes, a, m0, y, ldy);
+}
+
+constexpr int64_t kTokenBlock = 64;  // tokens whose int8 activations stay in L2 while a thread's rows go by
+
+template <int64_t T>
+void int8_linear(const uint8_t* w, int64_t N, int64_t row_bytes, const QuantizedActivations& a, int64_t M, float* y) {
+  const int64_t tiles = (N + kTileRows - 1) / kTileRows;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kTokenBlock) {
+      const int64_t m1 = std::min(M, m0 + kTokenBlock);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * kTileRows, rows = std::min(kTileRows, N - n0);
+        for (int64_t m = m0; m < m1; m += kTileTokens) {
+          int8_tile_mn<T>(std::min(kTileTokens, m1 - m), rows, w + n0 * row_bytes, row_bytes, a, m, y + m * N + n0, N);
+        }
+      }
+    }
+  });
+}
+
+// ---- K-quants: a tile of rows dequantized, then fp32 dot products --------------------------------------
+constexpr int64_t kDequantRows = 8;
+
+inline float dot_f32(const float* a, const float* b, int64_t K) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t k = 0; k < K; k += 8)
+    for (int l = 0; l < 8; ++l) s[l] += a[k + l] * b[k + l];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+void dequant_linear(int64_t t, const uint8_t* w, int64_t N, int64_t row_bytes, const float* x, int64_t M, int64_t K,
+                    float* y) {
+  const int64_t tiles = (N + kDequantRows - 1) / kDequantRows;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> buf(kDequantRows * K);
+    for (int64_t tile = t0; tile < t1; ++tile) {
+      const int64_t n0 = tile * kDequantRows, rows = std::min(kDequantRows, N - n0);
+      for (int64_t r = 0; r < rows; ++r) dequantize_row(t, w + (n0 + r) * row_bytes, K, buf.data() + r * K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < rows; ++r) y[m * N + n0 + r] = dot_f32(buf.data() + r * K, x + m * K, K);
+    }
+  });
+}
+
+void check_weight(const at::Tensor& data, int64_t qtype, int64_t in_features) {
+  const Format f = format_of(qtype);
+  TORCH_CHECK(data.scalar_type() == at::kByte && data.dim() == 2 && data.is_contiguous(),
+              "quantized weight: expected contiguous uint8 [out_features, row bytes]");
+  TORCH_CHECK(in_features % f.block == 0 && data.size(1) == in_features / f.block * f.bytes,
+              "quantized weight: ", data.size(1), " bytes a row do not hold ", in_features, " weights of type ", qtype);
+}
+
+// x [M, K] fp32; data [N, row bytes] uint8 in ggml's blocks; -> [M, N] (+ bias).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, int64_t qtype, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x: expected fp32 [tokens, in_features]");
+  const int64_t M = x.size(0), K = x.size(1), N = data.size(0);
+  check_weight(data, qtype, K);
+  const auto xc = x.contiguous();
+  auto out = at::empty({M, N}, x.options());
+  const uint8_t* w = data.data_ptr<uint8_t>();
+  const int64_t row_bytes = data.size(1);
+  float* y = out.data_ptr<float>();
+  if (M > 0) {
+    if (qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K) {
+      dequant_linear(qtype, w, N, row_bytes, xc.data_ptr<float>(), M, K, y);
+    } else {
+      thread_local QuantizedActivations a;  // reused: no allocation a call at decode sizes
+      quantize_activations(xc.data_ptr<float>(), M, K, qtype == kQ4_1, a);
+      switch (qtype) {
+        case kQ8_0: int8_linear<kQ8_0>(w, N, row_bytes, a, M, y); break;
+        case kQ4_0: int8_linear<kQ4_0>(w, N, row_bytes, a, M, y); break;
+        case kQ4_1: int8_linear<kQ4_1>(w, N, row_bytes, a, M, y); break;
+        case kQ5_0: int8_linear<kQ5_0>(w, N, row_bytes, a, M, y); break;
+        default: TORCH_CHECK(false, "unsupported type");
+      }
+    }
+  }
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N, "bias: expected fp32 [out_features]");
+    out.add_(*bias);
+  }
+  return out;
+}
+
+// data [N, row bytes] -> fp32 [N, K], or only the rows `ids` (an embedding lookup) -> [len(ids), K].
+at::Tensor quant_dequantize(const at::Tensor& data, int64_t qtype, int64_t in_features, const std::optional<at::Tensor>& ids) {
+  check_weight(data, qtype, in_features);
+  const int64_t N = data.size(0), row_bytes = data.size(1), K = in_features;
+  at::Tensor rows;
+  if (ids.has_value() && ids->defined()) {
+    rows = ids->to(at::kLong).contiguous().view({-1});
+  } else {
+    rows = at::arange(N, at::kLong);
+  }
+  const int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t R = rows.numel();
+  for (int64_t i = 0; i < R; ++i) TORCH_CHECK(r[i] >= 0 && r[i] < N, "row ", r[i], " out of range [0, ", N, ")");
+  auto out = at::empty({R, K}, at::kFloat);
+  const uint8_t* w = data.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, R, 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) dequantize_row(qtype, w + r[i] * row_bytes, K, o + i * K);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(modelplex_cpu, m) {
+  m.def("quant_linear(Tensor x, Tensor data, int qtype, Tensor? bias) -> Tensor");
+  m.def("quant_dequantize(Tensor data, int qtype, int in_features, Tensor? ids) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) {
+  m.impl("quant_linear", &quant_linear);
+  m.impl("quant_dequantize", &quant_dequantize);
+}

@@ -1,0 +1,107 @@
+"""Weights kept in a GGUF file's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) on the CPU.
+
+A `QuantizedWeight` holds each output slice's rows as the file's bytes ([rows, row bytes] uint8, ggml's
+blocks in k order); linear layers multiply with them in kernels/csrc/quant_linear.cpp and an embedding
+table dequantizes only the rows a step looks up. Nothing here ever holds the weight in fp32.
+The loader hands over lazy sources (anything with `qtype`, `shape` and `read_into(uint8 tensor)`), read
+straight into their place: a fused q/k/v is written slice by slice, not concatenated from copies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# ggml's type number -> (weights a block, bytes a block)
+QUANT_FORMATS = {8: (32, 34), 2: (32, 18), 3: (32, 20), 6: (32, 22), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+QUANT_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+
+
+def row_bytes(qtype: int, in_features: int) -> int:
+    block, nbytes = QUANT_FORMATS[qtype]
+    return in_features // block * nbytes
+
+
+def is_quantized_source(tensor) -> bool:
+    return hasattr(tensor, "read_into")
+
+
+@dataclass
+class QuantizedSegment:
+    qtype: int
+    data: torch.Tensor  # uint8 [rows, row bytes]
+
+
+class QuantizedWeight:
+    """An [out_features, in_features] weight as one or more row segments, each of one GGUF type (a fused
+    q/k/v whose parts share a type is one segment; Q4_K_M files mix types, then each keeps its own)."""
+
+    def __init__(self, segments: list[QuantizedSegment], in_features: int):
+        self.segments = segments
+        self.in_features = in_features
+        self.out_features = sum(s.data.shape[0] for s in segments)
+        from ..kernels import cpu
+
+        self.ops = cpu.compiled_ops()
+        if self.ops is None:
+            raise RuntimeError("quantized weights need the compiled CPU ops")
+
+    @classmethod
+    def read(cls, parts: list) -> QuantizedWeight:
+        """Read lazy sources (rows stacked in order) into as few segments as their types allow."""
+        in_features = parts[0].shape[1]
+        segments: list[QuantizedSegment] = []
+        i = 0
+        while i < len(parts):
+            j = i
+            while j < len(parts) and parts[j].qtype == parts[i].qtype:
+                j += 1
+            rows = sum(p.shape[0] for p in parts[i:j])
+            data = torch.empty(rows, row_bytes(parts[i].qtype, in_features), dtype=torch.uint8)
+            start = 0
+            for p in parts[i:j]:
+                p.read_into(data[start:start + p.shape[0]])
+                start += p.shape[0]
+            segments.append(QuantizedSegment(parts[i].qtype, data))
+            i = j
+        return cls(segments, in_features)
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [s.data for s in self.segments]
+
+    @property
+    def type_names(self) -> str:
+        return "+".join(QUANT_NAMES[s.qtype] for s in self.segments)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [tokens, in_features] (fp32, or converted to it) -> x W^T + bias in x's dtype."""
+        xf = x if x.dtype == torch.float32 else x.float()
+        if bias is not None and bias.dtype != torch.float32:
+            bias = bias.float()
+        if len(self.segments) == 1:
+            s = self.segments[0]
+            y = self.ops.quant_linear(xf, s.data, s.qtype, bias)
+        else:
+            y = torch.cat([self.ops.quant_linear(xf, s.data, s.qtype, None) for s in self.segments], dim=1)
+            if bias is not None:
+                y += bias
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The dequantized rows `ids` (an embedding lookup), fp32 [len(ids), in_features]."""
+        if len(self.segments) == 1:
+            s = self.segments[0]
+            return self.ops.quant_dequantize(s.data, s.qtype, self.in_features, ids)
+        return self.dequantize()[ids]
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([self.ops.quant_dequantize(s.data, s.qtype, self.in_features, None) for s in self.segments])
+
+
+def embedding(input_ids: torch.Tensor, table, dtype: torch.dtype) -> torch.Tensor:
+    """F.embedding on a float table; the looked-up rows dequantized (to `dtype`) on a quantized one."""
+    if isinstance(table, QuantizedWeight):
+        x = table.rows(input_ids)
+        return x if x.dtype == dtype else x.to(dtype)
+    return torch.nn.functional.embedding(input_ids, table)

@@ -1,0 +1,174 @@
+"""Single-stream decode on quantized GGUF files: our engine (weights kept quantized) vs the memory-bandwidth
+bound and llama.cpp's `llama-bench` tg128, measured side by side in the same run.
+
+Not a test. Example:
+  .venv/bin/python benchmarks/gguf_decode.py --dir /tmp/gguf-bench --llama-bench PATH/llama-bench
+Files: benchmarks/make_gguf.py's random SmolLM2-135M- and Llama-3.2-1B-shaped models in Q8_0 and Q4_0 (made
+in --dir when missing). Per round (--rounds), for each file: our decode, then llama-bench (-p 0 -n 128 -t 2
+-r 1), alternating, so both see the same machine; medians over rounds. Our decode: one request, a 16-token
+prompt, 128 new tokens, EOS ignored, 2 threads; tok/s = 127 / (last token - first token).
+The bound: bytes one token reads (every linear weight as stored, LM head included, norms; the KV cache and
+embedding row are negligible at this context) over the copy bandwidth (read + write bytes of a 1 GiB
+torch copy on 2 threads), measured each round. Peak RSS while loading vs the file's size comes from a
+child process that only loads. The machine is shared: the load average is reported with each round.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "backends", "native_gpu"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+FILES = [("smollm2-135m", "Q8_0"), ("smollm2-135m", "Q4_0"), ("llama-3.2-1b", "Q8_0"), ("llama-3.2-1b", "Q4_0")]
+NEW_TOKENS = 128
+
+
+def cpu_flags() -> str:
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split()
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+    return " ".join(f for f in wanted if f in flags)
+
+
+def copy_bandwidth(repeats: int = 5) -> float:
+    """Median GB/s of a 1 GiB fp32 copy (read + write bytes), 2 threads."""
+    a = torch.ones(1 << 28)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        b.copy_(a)
+        times.append(time.perf_counter() - t)
+    return 2 * a.numel() * 4 / statistics.median(times) / 1e9
+
+
+def make_engine(path: str):
+    from modelplex_native_gpu.config import EngineConfig
+    from modelplex_native_gpu.engine.llm_engine import LLMEngine
+
+    return LLMEngine(EngineConfig(model=path, device="cpu", dtype="float32", quantized_weights=True, num_threads=2,
+                                  adaptive_threads=False, max_model_len=512, kv_cache_memory_bytes=64 << 20,
+                                  skip_tokenizer_init=True, enable_prefix_caching=False))
+
+
+def our_decode(engine, seed: int) -> float:
+    from modelplex_native_gpu.engine.sampling_params import SamplingParams
+
+    prompt = [int(t) for t in torch.randint(3, 40000, (16,), generator=torch.Generator().manual_seed(seed))]
+    engine.add_request(f"r{seed}", prompt, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                       detokenize=False)
+    stamps = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            stamps.extend([time.perf_counter()] * len(out.new_token_ids))
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def llama_bench(binary: str, path: str) -> float | None:
+    cmd = [binary, "-m", path, "-p", "0", "-n", str(NEW_TOKENS), "-t", "2", "-r", "1", "-o", "json"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        print(f"llama-bench failed on {path}: {result.stderr[-500:]}", file=sys.stderr)
+        return None
+    return float(json.loads(result.stdout)[0]["avg_ts"])
+
+
+LOAD_ONLY = """
+import sys
+sys.path.insert(0, sys.argv[2])
+import torch
+from modelplex_native_gpu.kernels import cpu
+cpu.compiled_ops()
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+def peak_rss():  # VmHWM, reset below: the peak of the load alone (the ops' first build may have peaked higher)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = rss()
+from gguf_decode import make_engine
+engine = make_engine(sys.argv[1])
+print(before, rss(), peak_rss(), engine.runner.weight_bytes)
+"""
+
+
+def load_memory(path: str) -> dict:
+    result = subprocess.run([sys.executable, "-c", LOAD_ONLY, path, HERE], capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(HERE), "backends", "native_gpu")})
+    before, after, peak, weights = map(int, result.stdout.split()[-4:])
+    return {"file_mb": os.path.getsize(path) / 1e6, "rss_before_mb": before / 1e6, "rss_after_load_mb": after / 1e6,
+            "peak_rss_mb": peak / 1e6, "weights_mb": weights / 1e6,
+            "peak_over_final": (peak - before) / max(after - before, 1)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/tmp/gguf-bench")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH", ""))
+    ap.add_argument("--only", default="", help="comma-separated substrings of file names to run")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    os.makedirs(args.dir, exist_ok=True)
+    import make_gguf
+
+    paths = []
+    for shape, type_name in FILES:
+        path = os.path.join(args.dir, f"{shape}-{type_name}.gguf")
+        if args.only and not any(s in path for s in args.only.split(",")):
+            continue
+        if not os.path.exists(path):
+            make_gguf.make(shape, type_name, path)
+        paths.append(path)
+    print(f"CPU flags: {cpu_flags()}; torch {torch.__version__}, 2 threads")
+    memory = {p: load_memory(p) for p in paths}
+    engines = {p: make_engine(p) for p in paths}
+    has_llama = bool(args.llama_bench) and os.path.exists(args.llama_bench)
+    rows = {p: {"ours": [], "llama.cpp": [], "bound": []} for p in paths}
+    for r in range(args.rounds):
+        bandwidth = copy_bandwidth()
+        print(f"round {r}: copy {bandwidth:.1f} GB/s, load average {os.getloadavg()[0]:.1f}")
+        for p in paths:
+            our_decode(engines[p], seed=1000 + r)  # warm-up (first steps allocate)
+            ours = our_decode(engines[p], seed=r)
+            theirs = llama_bench(args.llama_bench, p) if has_llama else None
+            bound = bandwidth * 1e9 / engines[p].runner.weight_bytes
+            rows[p]["ours"].append(ours)
+            rows[p]["bound"].append(bound)
+            if theirs is not None:
+                rows[p]["llama.cpp"].append(theirs)
+            print(f"  {os.path.basename(p)}: ours {ours:.1f} tok/s, llama.cpp {theirs or float('nan'):.1f}, bound {bound:.1f}")
+    print("\n| file | MB | peak RSS at load / final (MB) | ours tok/s | llama.cpp tg128 | ours / llama.cpp | bound tok/s | ours / bound |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    summary = {}
+    for p in paths:
+        m = memory[p]
+        ours, bound = statistics.median(rows[p]["ours"]), statistics.median(rows[p]["bound"])
+        theirs = statistics.median(rows[p]["llama.cpp"]) if rows[p]["llama.cpp"] else None
+        ratio = f"{ours / theirs:.2f}" if theirs else "-"
+        print(f"| {os.path.basename(p)} | {m['file_mb']:.0f} | {m['peak_rss_mb']:.0f} / {m['rss_after_load_mb']:.0f} "
+              f"(+{m['peak_rss_mb'] - m['rss_before_mb']:.0f} / +{m['rss_after_load_mb'] - m['rss_before_mb']:.0f}) | "
+              f"{ours:.1f} | {theirs or float('nan'):.1f} | {ratio} | {bound:.1f} | {ours / bound:.0%} |")
+        summary[os.path.basename(p)] = {"memory": m, **rows[p]}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu_flags": cpu_flags(), "results": summary}, f, indent=1)
+    print(f"max RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

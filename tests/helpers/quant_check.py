@@ -1,0 +1,93 @@
+"""The quantized linear ops (kernels/csrc/quant_linear.cpp) against gguf's dequantization and a float64
+product: shared by the in-process test and the other ISA builds, which run in child processes.
+
+The bound on a quantized linear's error. Each token's activations go to two int8 planes in blocks b of
+32 with scale d_b = max|x| / 127: x ~ d_b (q1 + q2 / 256), q1 = round(x / d_b), q2 = the remainder in
+units of d_b / 256, rounded and clamped to +-127. So each activation moves by at most d_b / 512, or
+d_b / 256 where the clamp bites (a relative ~1e-5 more from fp32 arithmetic). The output
+y = sum_i w_i x_i therefore moves by at most
+    E = sum_b d_b / 256 * sum_{i in b} |w_i|     (w: the dequantized weights)
+plus fp32 accumulation, bounded by 1e-5 * sum_i |w_i x_i|. The test checks |y - y_float64| <= 1.01 E +
+1e-5 sum |w x| + 1e-6 at every output; typical errors are far smaller (errors of independent signs add
+as sqrt, not linearly, and most are under d_b / 512). One plane (llama.cpp's Q8_0 activations) would
+move each activation by up to d_b / 2: a bound 128x larger. K-quants multiply unquantized fp32
+activations: E = 0.
+"""
+import numpy as np
+import torch
+
+INT8_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0")
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+
+
+def make_weight(type_name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """[n, row bytes] uint8 blocks: gguf.quants.quantize of Gaussian weights, or (K-quants, which gguf
+    cannot quantize) random codes with sane fp16 scales."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    rng = np.random.default_rng(seed)
+    if type_name in INT8_TYPES:
+        return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
+    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (n * k // block, nbytes), dtype=np.uint8)
+    scales = rng.uniform(1e-4, 2e-3, (n * k // block, 2)).astype(np.float16).view(np.uint8)
+    if type_name == "Q6_K":
+        blocks[:, 208:210] = scales[:, 0:2]
+    else:
+        blocks[:, 0:4] = scales
+    return blocks.reshape(n, -1)
+
+
+def dequantize(type_name: str, data: np.ndarray, k: int) -> np.ndarray:
+    import gguf
+
+    return gguf.quants.dequantize(data, gguf.GGMLQuantizationType[type_name]).reshape(data.shape[0], k)
+
+
+def error_bound(type_name: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """[m, n] bound on |quantized linear - float64 product| (the module docstring derives it)."""
+    ax, aw = np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64))
+    fp32 = 1e-5 * ax @ aw.T + 1e-6
+    if type_name in K_TYPES:
+        return fp32
+    m, k = x.shape
+    d = ax.reshape(m, k // 32, 32).max(axis=2) / 127  # [m, blocks]
+    wsum = aw.reshape(w.shape[0], k // 32, 32).sum(axis=2)  # [n, blocks]
+    return 1.01 / 256 * d @ wsum.T + fp32
+
+
+def check_ops(ops, types=INT8_TYPES + K_TYPES):
+    """Dequantization equals gguf's bit for bit; outputs within the bound; a token's outputs do not depend on
+    the batch. Shapes: a partial last row tile (7, 66 rows), one row, several token tiles, more tokens than
+    an L2 token block (70)."""
+    import gguf
+
+    worst = {}
+    for type_name in types:
+        qtype = int(gguf.GGMLQuantizationType[type_name])
+        for n, k in [(66, 256), (7, 512), (1, 256)]:
+            data = make_weight(type_name, n, k, seed=n + k)
+            w = dequantize(type_name, data, k)
+            t = torch.from_numpy(data)
+            got = ops.quant_dequantize(t, qtype, k, None).numpy()
+            assert np.array_equal(got, w), f"{type_name}: dequantization differs from gguf's"
+            ids = torch.tensor([n - 1, 0, n // 2])
+            assert np.array_equal(ops.quant_dequantize(t, qtype, k, ids).numpy(), w[ids.numpy()])
+            g = torch.Generator().manual_seed(n * k)
+            bias = torch.randn(n, generator=g)
+            for m in (1, 2, 3, 5, 70):
+                x = torch.randn(m, k, generator=g)
+                x[0, :32] *= 100  # a block of larger activations
+                want = x.double().numpy() @ w.astype(np.float64).T
+                y = ops.quant_linear(x, t, qtype, None)
+                err = np.abs(y.double().numpy() - want)
+                bound = error_bound(type_name, w, x.numpy())
+                assert (err <= bound).all(), f"{type_name} n={n} k={k} m={m}: error {(err / bound).max():.3f} of the bound"
+                worst[type_name] = max(worst.get(type_name, 0.0), float((err / bound).max()))
+                yb = ops.quant_linear(x, t, qtype, bias)
+                assert torch.equal(yb, y + bias), f"{type_name}: bias"
+                for row in {0, m // 2, m - 1}:
+                    single = ops.quant_linear(x[row:row + 1].clone(), t, qtype, None)[0]
+                    assert torch.equal(single, y[row]), f"{type_name} m={m}: token {row} depends on its batch"
+    return worst

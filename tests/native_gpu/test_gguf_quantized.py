@@ -1,0 +1,184 @@
+"""GGUF files with quantized tensors: loaded lazily and kept in their blocks (no fp32 copy), an engine on
+them agrees with one on the dequantized weights, and bad files fail naming the tensor and the problem."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from helpers.tiny_gguf import VOCAB, tensor_plans, write_tiny
+
+from modelplex_native_gpu.config import EngineConfig
+from modelplex_native_gpu.engine.llm_engine import LLMEngine
+from modelplex_native_gpu.engine.sampling_params import SamplingParams
+from modelplex_native_gpu.errors import ModelLoadError
+from modelplex_native_gpu.layers.linear import Linear
+from modelplex_native_gpu.layers.quantized import QuantizedWeight
+from modelplex_native_gpu.loader import load_weights
+
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def engine(path, quantized):
+    torch.set_num_threads(2)
+    return LLMEngine(EngineConfig(model=path, device="cpu", dtype="float32", quantized_weights=quantized,
+                                  max_model_len=256, kv_cache_memory_bytes=16 << 20, skip_tokenizer_init=True,
+                                  enable_prefix_caching=False))
+
+
+def all_logits(e, ids):
+    """Teacher-forced logits at every position of `ids` (one prefill step)."""
+    model, captured = e.runner.model, []
+    forward = model.forward
+    model.forward = lambda *a, **k: captured.append(forward(*a, **k)) or captured[-1]
+    try:
+        e.generate([ids], SamplingParams(temperature=0, max_tokens=1))
+    finally:
+        del model.forward
+    with torch.inference_mode():
+        return model.compute_logits(captured[0])
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_engine_on_quantized_weights_matches_the_dequantized_ones(tmp_path, type_name):
+    path = write_tiny(tmp_path / f"tiny-{type_name}.gguf", type_name)
+    quantized, dequantized = engine(path, True), engine(path, False)
+    linears = [m for m in quantized.runner.model.modules() if isinstance(m, Linear)]
+    assert all(m.weight is None and m.quantized is not None for m in linears)  # no fp32 copy kept
+    assert isinstance(quantized.runner.model.embed_tokens, QuantizedWeight)  # Q8_0, shared by the tied head
+    assert quantized.runner.model.lm_head.quantized is quantized.runner.model.embed_tokens
+    assert quantized.runner.weight_bytes < dequantized.runner.weight_bytes / 3
+    ids = [int(t) for t in np.random.default_rng(0).integers(3, VOCAB, 40)]
+    got, want = all_logits(quantized, ids), all_logits(dequantized, ids)
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 1e-3 * scale, type_name
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.95
+
+
+def test_mixed_types_in_a_fused_projection(tmp_path):
+    """Q4_K_M files give attn_v and ffn_down Q6_K beside Q4_K: the fused q/k/v keeps one segment a type."""
+    plans = tensor_plans("Q4_K")
+    from helpers.quant_check import make_weight
+
+    for p in plans:
+        if p.name.endswith(("attn_v.weight", "ffn_down.weight")):
+            p.type_name = "Q6_K"
+            p.make = lambda shape=p.shape: make_weight("Q6_K", *shape, seed=7)
+    path = write_tiny(tmp_path / "mixed.gguf", "Q4_K", plans=plans)
+    quantized, dequantized = engine(path, True), engine(path, False)
+    qkv = quantized.runner.model.layers[0].self_attn.qkv_proj.quantized
+    assert qkv.type_names == "Q4_K+Q6_K"
+    ids = list(range(3, 30))
+    got, want = all_logits(quantized, ids), all_logits(dequantized, ids)
+    assert (got - want).abs().max().item() <= 1e-3 * want.abs().max().item()
+
+
+def test_an_unsupported_type_names_the_tensor_its_type_and_the_supported_ones(tmp_path):
+    plans = tensor_plans("Q8_0")
+    plans[3].type_name, plans[3].raw = "Q5_1", False
+    plans[3].make = lambda shape=plans[3].shape: np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    path = write_tiny(tmp_path / "q51.gguf", "Q8_0", plans=plans)
+    with pytest.raises(ModelLoadError, match=r"tensor 'blk\.0\.attn_v\.weight' has GGUF type Q5_1.*supported types: "
+                                             r"F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K"):
+        load_weights(path)
+
+
+def test_a_truncated_file_is_a_load_error(tmp_path):
+    path = write_tiny(tmp_path / "cut.gguf", "Q4_0")
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 1000)
+    with pytest.raises(ModelLoadError, match="truncated"):
+        load_weights(path)
+    with open(path, "r+b") as f:
+        f.truncate(200)  # inside the metadata
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        load_weights(path)
+
+
+def test_a_tensor_whose_size_disagrees_with_its_shape_is_a_load_error(tmp_path):
+    import gguf
+    from helpers.tiny_gguf import metadata
+
+    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "llama")
+    metadata(writer)
+    plans = tensor_plans("Q8_0")
+    for p in plans:  # token_embd declares 320 rows but holds the bytes of 160
+        nbytes = (p.make().nbytes // 2) if p.name == "token_embd.weight" else p.make().nbytes
+        writer.add_tensor_info(p.name, p.shape, np.dtype(np.float32), nbytes, raw_dtype=gguf.GGMLQuantizationType[p.type_name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for p in plans:
+        data = p.make()
+        writer.write_tensor_data(data[:VOCAB // 2] if p.name == "token_embd.weight" else data)
+    writer.close()
+    with pytest.raises(ModelLoadError, match="token_embd.weight.*size disagrees with its shape"):
+        load_weights(str(tmp_path / "bad.gguf"))
+
+
+def test_rows_that_are_not_whole_blocks_are_a_load_error(tmp_path):
+    import gguf
+    from helpers.tiny_gguf import metadata
+
+    writer = gguf.GGUFWriter(str(tmp_path / "rows.gguf"), "llama")
+    metadata(writer)
+    writer.add_tensor_info("token_embd.weight", (4, 48), np.dtype(np.float32), 4 * 51,
+                           raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.write_tensor_data(np.zeros(4 * 51, np.uint8))
+    writer.close()
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file.*(block|multiple)"):
+        load_weights(str(tmp_path / "rows.gguf"))
+
+
+PEAK_RSS = """
+import sys, torch
+from modelplex_native_gpu.kernels import cpu
+cpu.compiled_ops()
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+def peak_rss():  # VmHWM, reset below: the peak of the load alone (the ops' first build may have peaked higher)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+torch.ones(1) @ torch.ones(1)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before, peak_before = rss(), peak_rss()
+from modelplex_native_gpu.config import EngineConfig
+from modelplex_native_gpu.engine.llm_engine import LLMEngine
+e = LLMEngine(EngineConfig(model=sys.argv[1], device="cpu", dtype="float32", quantized_weights=True,
+                           max_model_len=64, kv_cache_memory_bytes=4 << 20, skip_tokenizer_init=True))
+after, peak = rss(), peak_rss()
+print(before, peak_before, after, peak, e.runner.weight_bytes)
+"""
+
+
+def test_loading_peaks_within_1_2x_of_the_resident_weights(tmp_path):
+    """A 70 MB Q8_0 model (16 layers of 1024 wide): loading streams tensor by tensor, never fp32."""
+    import helpers.tiny_gguf as tiny
+
+    path = tmp_path / "mid.gguf"
+    saved = (tiny.HIDDEN, tiny.FFN, tiny.LAYERS)
+    tiny.HIDDEN, tiny.FFN, tiny.LAYERS = 1024, 2048, 8
+    try:
+        write_tiny(path, "Q8_0")
+    finally:
+        tiny.HIDDEN, tiny.FFN, tiny.LAYERS = saved
+    tests = os.path.dirname(os.path.dirname(__file__))
+    result = subprocess.run([sys.executable, "-c", PEAK_RSS, str(path)], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHONPATH": _with_tests(tests)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, peak_before, after, peak, weight_bytes = map(int, result.stdout.split()[-5:])
+    assert weight_bytes > 60e6
+    assert after - before >= 0.9 * weight_bytes  # the weights are resident ...
+    assert peak - before <= 1.2 * (after - before), (before, peak_before, after, peak)  # ... and loading peaked near them
+
+
+def _with_tests(tests: str) -> str:
+    """PYTHONPATH for a child: the tests folder ahead of the inherited path (a checkout's packages first)."""
+    return os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))

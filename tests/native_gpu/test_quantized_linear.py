@@ -1,0 +1,53 @@
+"""Linear layers on GGUF-quantized weights (kernels/csrc/quant_linear.cpp): dequantization equals
+gguf.quants.dequantize bit for bit, outputs within the derived bound of a float64 product
+(helpers/quant_check.py), batch invariance; on the native build and the AVX2 and portable ones."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers.quant_check import check_ops, make_weight
+
+from modelplex_native_gpu.kernels import cpu
+
+
+def test_quantized_ops_match_gguf_and_float64(ops):
+    worst = check_ops(ops)
+    assert set(worst) == {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}
+
+
+def test_bad_weights_are_refused(ops):
+    data = torch.from_numpy(make_weight("Q8_0", 4, 64, seed=0))
+    with pytest.raises(RuntimeError, match="bytes a row"):
+        ops.quant_linear(torch.randn(2, 96), data, 8, None)  # in_features differ
+    with pytest.raises(RuntimeError, match="unsupported GGML type"):
+        ops.quant_linear(torch.randn(2, 64), data, 7, None)  # Q5_1
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.quant_dequantize(data, 8, 64, torch.tensor([4]))
+
+
+OTHER_BUILD = """
+import sys, torch
+from torch.utils import cpp_extension
+from helpers.quant_check import check_ops
+cpp_extension.load(name="modelplex_quant_" + sys.argv[1], sources=[sys.argv[2]], is_python_module=False,
+                   extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"] + sys.argv[3:])
+check_ops(torch.ops.modelplex_cpu)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("flags", [["-mno-avx512f"], ["-mno-avx512f", "-mno-avx2", "-mno-fma"]], ids=["avx2", "portable"])
+def test_the_avx2_and_portable_builds_match(flags):
+    source = os.path.join(os.path.dirname(cpu.__file__), "csrc", "quant_linear.cpp")
+    tag = "avx2" if len(flags) == 1 else "portable"
+    tests = os.path.dirname(os.path.dirname(__file__))
+    result = subprocess.run([sys.executable, "-c", OTHER_BUILD, tag, source, *flags],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": _with_tests(tests)})
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def _with_tests(tests: str) -> str:
+    """PYTHONPATH for a child: the tests folder ahead of the inherited path (a checkout's packages first)."""
+    return os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
