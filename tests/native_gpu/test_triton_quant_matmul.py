@@ -137,6 +137,10 @@ def greedy_tokens(path, triton_weights, max_tokens=6):
 def test_triton_engine_path_matches_the_cpu_quantized_path(tmp_path):
     """A Q4_K_M-like file (Q4_K, attn_v and ffn_down Q6_K: a fused q/k/v of two types; a Q8_0 table tied to
     the LM head): the same greedy tokens through the Triton path as through the compiled CPU ops."""
+    from modelplex_native_gpu.kernels import cpu
+
+    if cpu.compiled_ops() is None:  # the GPU check's dry run does not build them
+        pytest.skip("the compiled CPU ops (the path compared with) are not built here")
     plans = tensor_plans("Q4_K")
     for p in plans:
         if p.name.endswith(("attn_v.weight", "ffn_down.weight")):

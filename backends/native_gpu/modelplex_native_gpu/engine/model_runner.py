@@ -41,7 +41,7 @@ class ModelRunnerConfig:
     cuda_graphs: bool = False  # decode-only steps replay captured CUDA graphs (CUDA only)
     max_num_seqs: int = 128  # the largest decode batch a graph is captured for
     max_num_batched_tokens: int = 2048  # the most tokens a step runs
-    quantized_weights: bool = True  # a GGUF's quantized tensors stay in their blocks (CPU with compiled ops)
+    quantized_weights: bool = True  # a GGUF's quantized tensors stay in their blocks (CPU: compiled ops; CUDA)
 
 
 class ModelRunner:
