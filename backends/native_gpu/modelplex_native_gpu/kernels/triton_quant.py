@@ -30,7 +30,7 @@ def _dequantize_tile(qs_ptr, qh_ptr, d_ptr, dmin_ptr, sc_ptr, mn_ptr, n, k, mask
     if QTYPE == 8:  # Q8_0
         q = tl.load(qs_ptr + n * K + k, mask=mask, other=0).to(tl.float32)
         w = q * tl.load(d_ptr + n * (K // 32) + k // 32, mask=mask, other=0).to(tl.float32)
-    elif QTYPE == 2 or QTYPE == 3 or QTYPE == 6:  # Q4_0, Q4_1, Q5_0: 32-weight blocks, nibbles j and j + 16
+    elif QTYPE < 12:  # Q4_0 (2), Q4_1 (3), Q5_0 (6): 32-weight blocks, nibbles j and j + 16
         j = k % 32
         byte = tl.load(qs_ptr + n * (K // 2) + k // 32 * 16 + j % 16, mask=mask, other=0).to(tl.int32)
         q = (byte >> (j // 16 * 4)) & 15
