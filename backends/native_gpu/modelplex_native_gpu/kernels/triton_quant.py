@@ -25,7 +25,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read when kernels ar
 
 @triton.jit
 def _dequantize_tile(qs_ptr, qh_ptr, d_ptr, dmin_ptr, sc_ptr, mn_ptr, n, k, mask, K, QTYPE: tl.constexpr):
-    """fp32 weights W[n, k] for n [1, BLOCK_N], k [BLOCK_K, 1] (int64) -> [BLOCK_K, BLOCK_N]: the bytes
+    """fp32 weights W[n, k] for n [1, BLOCK_N], k [BLOCK_K, 1] (int32) -> [BLOCK_K, BLOCK_N]: the bytes
     and bits quant_layout.dequantize reads for each weight."""
     if QTYPE == 8:  # Q8_0
         q = tl.load(qs_ptr + n * K + k, mask=mask, other=0).to(tl.float32)
@@ -84,12 +84,12 @@ def _quant_matmul_kernel(x_ptr, qs_ptr, qh_ptr, d_ptr, dmin_ptr, sc_ptr, mn_ptr,
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        offs_k = (k0 + tl.arange(0, BLOCK_K)).to(tl.int64)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
                     other=0.0)
@@ -119,15 +119,17 @@ def _dot_mode(dtype: torch.dtype) -> int:
 
 
 def _tiles(m: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): 16 rows for decode batches (tl.dot's smallest tile), wider
-    tiles for prefill. Interpreted, fewer larger tiles cost less (the interpreter's cost is per program)."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): 16 rows (tl.dot's smallest tile) and narrow column tiles for
+    decode batches (more programs over a small N), square tiles for prefill. Chosen so that ptxas (sm_90a)
+    spills no registers for any type at bf16 (the 128-row tile: at most 136 bytes, Q6_K); not timed yet.
+    Interpreted, fewer larger tiles cost less (the interpreter's cost is per program)."""
     if _INTERPRETED:
         return 16 if m <= 16 else 64, 64, 64, 4
     if m <= 16:
-        return 16, 64, 128, 4
+        return 16, 32, 128, 8
     if m <= 64:
-        return 64, 64, 64, 4
-    return 128, 128, 64, 8
+        return 64, 64, 64, 8
+    return 128, 128, 32, 8
 
 
 def quant_matmul(x: torch.Tensor, planes: QuantPlanes, bias: torch.Tensor | None = None,
@@ -140,6 +142,8 @@ def quant_matmul(x: torch.Tensor, planes: QuantPlanes, bias: torch.Tensor | None
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
+    # offsets are int32 (int64 address arithmetic on every weight of a tile cost registers and spills)
+    assert max(n * k, m * x.stride(0), m * out.stride(0)) < 2 ** 31, (m, n, k)
     if m == 0:
         return out
     block_m, block_n, block_k, num_warps = _tiles(m)
