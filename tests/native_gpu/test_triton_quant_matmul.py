@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers.quant_check import dequantize, make_weight
 from helpers.tiny_gguf import VOCAB, tensor_plans, write_tiny
-from helpers.triton_mode import DEVICE, needs_triton, run_interpreted, runs_the_child
+from helpers.triton_mode import DEVICE, INTERPRETED, needs_triton, run_interpreted, runs_the_child
 
 pytest.importorskip("triton")
 import gguf
@@ -51,7 +51,7 @@ def test_planes_dequantize_like_gguf(type_name):
 @runs_the_child
 def test_kernels_under_the_interpreter():
     """Without a GPU: the `triton` tests of this file, interpreted in a child process."""
-    summary = run_interpreted(__file__, "not under_the_interpreter and not cuda_engine")
+    summary = run_interpreted(__file__, "not under_the_interpreter and not cuda_engine and not compiles")
     assert int(summary.split(" passed")[0].split()[-1]) >= 5 * len(TYPES)
 
 
@@ -113,6 +113,33 @@ def test_triton_quant_writes_only_its_rows_and_columns(type_name):
     outside = buf.clone()
     outside[2:21, 8:48] = 0
     assert outside.isnan().sum().item() == buf.numel() - 19 * 40
+
+
+@pytest.mark.skipif(INTERPRETED or DEVICE == "cuda", reason="interpreted kernels are not compiled; on a GPU the "
+                                                            "kernel tests compile them")
+def test_the_kernel_compiles_for_sm90_without_a_gpu():
+    """The interpreter runs the kernel as Python and so accepts code Triton's compiler refuses: compile each
+    type (bf16, the decode tile) and the fp32 and prefill variants to PTX for Hopper, no GPU needed."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from modelplex_native_gpu.kernels import triton_quant
+
+    types = {"Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+    variants = [(qtype, "bf16", triton_quant._tiles(1)) for qtype in types.values()]
+    variants += [(14, "fp32", triton_quant._tiles(1)), (12, "fp16", triton_quant._tiles(2048))]
+    for qtype, dtype, (block_m, block_n, block_k, num_warps) in variants:
+        signature = {"x_ptr": f"*{dtype}", "qs_ptr": "*i8" if qtype == 8 else "*u8", "qh_ptr": "*u8",
+                     "d_ptr": "*fp16", "dmin_ptr": "*fp16", "sc_ptr": "*i8" if qtype == 14 else "*u8",
+                     "mn_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "M": "i32", "N": "i32",
+                     "K": "i32", "stride_xm": "i32", "stride_om": "i32"}
+        constants = {"QTYPE": qtype, "HAS_BIAS": True, "DOT": 0 if dtype == "fp32" else 1, "BLOCK_M": block_m,
+                     "BLOCK_N": block_n, "BLOCK_K": block_k}
+        signature.update(dict.fromkeys(constants, "constexpr"))
+        compiled = triton.compile(ASTSource(triton_quant._quant_matmul_kernel, signature, constexprs=constants),
+                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+        assert ("wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]) == (dtype != "fp32"), qtype
 
 
 def greedy_tokens(path, triton_weights, max_tokens=6):
