@@ -77,10 +77,13 @@ def test_triton_quant_matmul_matches_the_float64_product(type_name, dtype):
         if with_bias:
             want += bias.to(dtype).double().numpy()
             bound += UNIT_ROUNDOFF[dtype] * np.abs(want)  # the output's rounding of the bias term
-        y = quant_matmul(x.to(DEVICE), planes, bias.to(device=DEVICE, dtype=dtype) if with_bias else None)
-        assert y.dtype == dtype and y.shape == (m, 72)
-        err = np.abs(y.cpu().double().numpy() - want)
-        assert (err <= bound).all(), f"{type_name} {dtype} m={m}: error {(err / bound).max():.3f} of the bound"
+        for splits in (None, 3) if m <= 3 else (None,):  # 3: K cut in 3 ranges summed in a second pass
+            y = quant_matmul(x.to(DEVICE), planes, bias.to(device=DEVICE, dtype=dtype) if with_bias else None,
+                             num_splits=splits)
+            assert y.dtype == dtype and y.shape == (m, 72)
+            err = np.abs(y.cpu().double().numpy() - want)
+            assert (err <= bound).all(), \
+                f"{type_name} {dtype} m={m} splits={splits}: error {(err / bound).max():.3f} of the bound"
 
 
 @needs_triton
@@ -95,8 +98,9 @@ def test_triton_quant_dequantizes_exactly(type_name):
 
 
 @needs_triton
+@pytest.mark.parametrize("splits", [1, 2])
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q6_K"])
-def test_triton_quant_writes_only_its_rows_and_columns(type_name):
+def test_triton_quant_writes_only_its_rows_and_columns(type_name, splits):
     """A ragged M and N into a strided view of a larger buffer: nothing outside [M, N] is written; strided
     activation rows are read in place."""
     from modelplex_native_gpu.kernels.triton_quant import quant_matmul
@@ -107,7 +111,7 @@ def test_triton_quant_writes_only_its_rows_and_columns(type_name):
     x = wide[:, 32:32 + k]  # rows strided by k + 64
     buf = torch.full((19 + 5, 40 + 24), float("nan"), device=DEVICE)
     out = buf[2:21, 8:48]
-    quant_matmul(x, planes, out=out)
+    quant_matmul(x, planes, out=out, num_splits=splits)
     want = x.cpu().double().numpy() @ w.astype(np.float64).T
     assert np.abs(out.cpu().double().numpy() - want).max() <= 1e-4
     outside = buf.clone()
@@ -127,19 +131,26 @@ def test_the_kernel_compiles_for_sm90_without_a_gpu():
     from modelplex_native_gpu.kernels import triton_quant
 
     types = {"Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-    variants = [(qtype, "bf16", triton_quant._tiles(1)) for qtype in types.values()]
-    variants += [(14, "fp32", triton_quant._tiles(1)), (12, "fp16", triton_quant._tiles(2048))]
-    for qtype, dtype, (block_m, block_n, block_k, num_warps) in variants:
+    decode, prefill = triton_quant._tiles(1), triton_quant._tiles(2048)
+    variants = [(qtype, "bf16", decode, 4) for qtype in types.values()]  # 4 K splits, as decode on a GPU
+    variants += [(14, "fp32", decode, 1), (12, "fp16", prefill, 1)]
+    target = GPUTarget("cuda", 90, 32)
+    for qtype, dtype, (block_m, block_n, block_k, num_warps), splits in variants:
         signature = {"x_ptr": f"*{dtype}", "qs_ptr": "*i8" if qtype == 8 else "*u8", "qh_ptr": "*u8",
                      "d_ptr": "*fp16", "dmin_ptr": "*fp16", "sc_ptr": "*i8" if qtype == 14 else "*u8",
-                     "mn_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "M": "i32", "N": "i32",
-                     "K": "i32", "stride_xm": "i32", "stride_om": "i32"}
-        constants = {"QTYPE": qtype, "HAS_BIAS": True, "DOT": 0 if dtype == "fp32" else 1, "BLOCK_M": block_m,
-                     "BLOCK_N": block_n, "BLOCK_K": block_k}
+                     "mn_ptr": "*u8", "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "partial_ptr": "*fp32",
+                     "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32", "k_per_split": "i32"}
+        constants = {"QTYPE": qtype, "HAS_BIAS": True, "DOT": 0 if dtype == "fp32" else 1, "SPLIT": splits,
+                     "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
         signature.update(dict.fromkeys(constants, "constexpr"))
         compiled = triton.compile(ASTSource(triton_quant._quant_matmul_kernel, signature, constexprs=constants),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+                                  target=target, options={"num_warps": num_warps})
         assert ("wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]) == (dtype != "fp32"), qtype
+    signature = {"partial_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+                 "stride_om": "i32"}
+    constants = {"SPLIT": 4, "HAS_BIAS": True, "DOT": 1, "BLOCK_N": 256}
+    signature.update(dict.fromkeys(constants, "constexpr"))
+    triton.compile(ASTSource(triton_quant._sum_splits_kernel, signature, constexprs=constants), target=target)
 
 
 def greedy_tokens(path, triton_weights, max_tokens=6):

@@ -6,9 +6,10 @@ gguf.quants.dequantize) and multiplying it with `tl.dot` in the activation dtype
 cores; fp32 in full precision, not tf32), accumulating in fp32; the output is in x's dtype. The weights
 are the planes of kernels/quant_layout.py (split once at load: aligned fp16 scales, quant bytes
 contiguous along a row) and never exist dequantized in memory. Any M, N and K (K a multiple of the
-type's block, as every GGUF row is) are masked. The torch reference is quant_layout.quant_matmul.
-Tested compiled on a GPU and, without one, under TRITON_INTERPRET=1 on CPU tensors (hence no
-multi-config autotuning: the tile sizes come from `_tiles`).
+type's block, as every GGUF row is) are masked. Decode batches on a GPU also split K across programs
+(`_num_splits`), their fp32 partials summed in a fixed order by a second kernel (deterministic).
+The torch reference is quant_layout.quant_matmul. Tested compiled on a GPU and, without one, under
+TRITON_INTERPRET=1 on CPU tensors (hence no multi-config autotuning: the tile sizes come from `_tiles`).
 """
 from __future__ import annotations
 
@@ -77,18 +78,22 @@ def _round_to_bf16(v):
 
 
 @triton.jit
-def _quant_matmul_kernel(x_ptr, qs_ptr, qh_ptr, d_ptr, dmin_ptr, sc_ptr, mn_ptr, bias_ptr, out_ptr,
-                         M, N, K, stride_xm, stride_om, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _quant_matmul_kernel(x_ptr, qs_ptr, qh_ptr, d_ptr, dmin_ptr, sc_ptr, mn_ptr, bias_ptr, out_ptr, partial_ptr,
+                         M, N, K, stride_xm, stride_om, k_per_split, QTYPE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         DOT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr):
+    """Program (m, n, s) sums K range s; with SPLIT > 1 its fp32 partial goes to partial[s], else (bias added,
+    in x's dtype) to out."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = pid_k * k_per_split
+    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
@@ -101,12 +106,32 @@ def _quant_matmul_kernel(x_ptr, qs_ptr, qh_ptr, d_ptr, dmin_ptr, sc_ptr, mn_ptr,
             acc += tl.dot(x, w.to(x.dtype))
         else:  # the same bf16 products (exact in fp32), for the interpreter: see _dot_mode
             acc += tl.dot(x.to(tl.float32), _round_to_bf16(w), input_precision="ieee")
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT > 1:
+        tl.store(partial_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if DOT == 2:
+            acc = _round_to_bf16(acc)
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(partial_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       DOT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[m] = sum of partial[s, m] over s in order (deterministic, unlike atomic adds) + bias."""
+    pid_m = tl.program_id(0)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(partial_ptr + s * M * N + pid_m * N + offs_n, mask=mask_n, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     if DOT == 2:
         acc = _round_to_bf16(acc)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(out_ptr + pid_m * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
 def _dot_mode(dtype: torch.dtype) -> int:
@@ -121,7 +146,7 @@ def _dot_mode(dtype: torch.dtype) -> int:
 def _tiles(m: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): 16 rows (tl.dot's smallest tile) and narrow column tiles for
     decode batches (more programs over a small N), square tiles for prefill. Chosen so that ptxas (sm_90a)
-    spills no registers for any type at bf16 (the 128-row tile: at most 136 bytes, Q6_K); not timed yet.
+    spills no registers for any type at bf16 (the 128-row tile: 16 bytes, Q6_K); not timed yet.
     Interpreted, fewer larger tiles cost less (the interpreter's cost is per program)."""
     if _INTERPRETED:
         return 16 if m <= 16 else 64, 64, 64, 4
@@ -132,10 +157,29 @@ def _tiles(m: int) -> tuple[int, int, int, int]:
     return 128, 128, 32, 8
 
 
+def _sm_count(device: torch.device) -> int:
+    if device not in _SM_COUNTS:
+        _SM_COUNTS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[device]
+
+
+_SM_COUNTS: dict[torch.device, int] = {}
+
+
+def _num_splits(m: int, n: int, k: int, block_n: int, block_k: int, device: torch.device) -> int:
+    """K splits for decode batches: a 16-row tile over a few thousand columns is a few dozen programs on a
+    GPU of ~100+ SMs (and decode reads weights: it needs many loads in flight), so K is cut until there
+    are ~2 programs an SM, at most 8 splits. Prefill tiles have programs enough."""
+    if m > 16 or device.type != "cuda":
+        return 1
+    return max(1, min(triton.cdiv(k, block_k), 8, triton.cdiv(2 * _sm_count(device), triton.cdiv(n, block_n))))
+
+
 def quant_matmul(x: torch.Tensor, planes: QuantPlanes, bias: torch.Tensor | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
     """x [M, K] (bf16, fp16 or fp32; rows may be strided, the last dim contiguous) @ W^T (+ bias) -> [M, N]
-    in x's dtype, written into `out` (a possibly strided [M, N] view, e.g. a column slice) when given."""
+    in x's dtype, written into `out` (a possibly strided [M, N] view, e.g. a column slice) when given.
+    `num_splits` cuts K into that many ranges summed in a second pass (None: `_num_splits` decides)."""
     m, k = x.shape
     assert k == planes.in_features and x.stride(1) == 1, (x.shape, planes.in_features)
     n = planes.rows
@@ -143,15 +187,25 @@ def quant_matmul(x: torch.Tensor, planes: QuantPlanes, bias: torch.Tensor | None
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     assert out.shape == (m, n) and out.stride(1) == 1 and out.dtype == x.dtype
     # offsets are int32 (int64 address arithmetic on every weight of a tile cost registers and spills)
-    assert max(n * k, m * x.stride(0), m * out.stride(0)) < 2 ** 31, (m, n, k)
+    assert max(n * k, m * x.stride(0), m * out.stride(0), 8 * m * n) < 2 ** 31, (m, n, k)
     if m == 0:
         return out
     block_m, block_n, block_k, num_warps = _tiles(m)
+    k_tiles = triton.cdiv(k, block_k)
+    splits = num_splits or _num_splits(m, n, k, block_n, block_k, x.device)
+    tiles_per_split = triton.cdiv(k_tiles, min(splits, k_tiles))
+    splits = triton.cdiv(k_tiles, tiles_per_split)  # none empty
+    partial = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out
     p = planes
     qh, dmin, sc, mn = (t if t is not None else p.qs for t in (p.qh, p.dmin, p.sc, p.mn))  # unused: any pointer
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    bias_arg = bias if bias is not None else out
+    dot = _dot_mode(x.dtype)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), splits)
     _quant_matmul_kernel[grid](
-        x, p.qs, qh, p.d, dmin, sc, mn, bias if bias is not None else out, out, m, n, k, x.stride(0), out.stride(0),
-        QTYPE=p.qtype, HAS_BIAS=bias is not None, DOT=_dot_mode(x.dtype), BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        x, p.qs, qh, p.d, dmin, sc, mn, bias_arg, out, partial, m, n, k, x.stride(0), out.stride(0),
+        tiles_per_split * block_k, QTYPE=p.qtype, HAS_BIAS=bias is not None, DOT=dot, SPLIT=splits,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    if splits > 1:
+        _sum_splits_kernel[(m, triton.cdiv(n, 256))](partial, bias_arg, out, m, n, out.stride(0), SPLIT=splits,
+                                                     HAS_BIAS=bias is not None, DOT=dot, BLOCK_N=256)
     return out
