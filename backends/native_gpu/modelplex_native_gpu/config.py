@@ -12,9 +12,10 @@ class EngineConfig:
 
     `dtype="float32"` is the token-exact mode (greedy output identical to HF transformers fp32).
     `quantized_weights`: a GGUF's quantized tensors (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) stay in their
-    blocks and the CPU multiplies with them (True), or are dequantized to `dtype` at load (False). None
-    keeps them quantized unless `dtype="float32"` asks for the token-exact mode. On CUDA they are
-    always dequantized.
+    blocks and linear layers multiply with them (True), or are dequantized to `dtype` at load (False). None
+    keeps them quantized unless `dtype="float32"` asks for the token-exact mode. The kernels: the compiled
+    CPU ops on CPU (without a compiler the weights are dequantized), Triton on CUDA (kernels/triton_quant.py:
+    every type above; the embedding table and a tied LM head stay quantized too).
     `max_num_batched_tokens` of None means 2048 on CUDA and 256 on CPU, where a step's prefill tokens
     stall every running decode for their compute time (256 fp32 tokens of a 135M model: ~0.3 s).
     `kv_cache_memory_bytes` of None means `gpu_memory_utilization` of free memory on CUDA

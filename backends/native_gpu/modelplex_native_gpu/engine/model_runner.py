@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidConfigError
+from ..layers import quantized_triton
 from ..layers.attention import AttentionMetadata
 from ..layers.linear import Linear, can_pack
 from ..layers.norm import RMSNorm
@@ -40,7 +41,7 @@ class ModelRunnerConfig:
     cuda_graphs: bool = False  # decode-only steps replay captured CUDA graphs (CUDA only)
     max_num_seqs: int = 128  # the largest decode batch a graph is captured for
     max_num_batched_tokens: int = 2048  # the most tokens a step runs
-    quantized_weights: bool = True  # a GGUF's quantized tensors stay in their blocks (CPU with compiled ops)
+    quantized_weights: bool = True  # a GGUF's quantized tensors stay in their blocks (CPU: compiled ops; CUDA)
 
 
 class ModelRunner:
@@ -56,9 +57,8 @@ class ModelRunner:
             from ..kernels import cpu as kernels
 
             kernels.compiled_ops()  # built (first use on this machine: ~15 s) while the model loads
-        if loaded.is_quantized and not (cfg.quantized_weights and self.device.type == "cpu"
-                                        and kernels.compiled_ops() is not None):
-            loaded = loaded.dequantized()  # the quantized kernels are the compiled CPU ops
+        if loaded.is_quantized and not (cfg.quantized_weights and self._has_quantized_kernels(kernels)):
+            loaded = loaded.dequantized()
         self.kernels = kernels
         self.model = model_class(loaded.config.family)(loaded.config, kernels, max_position=cfg.max_model_len)
         self.kv_groups = group_layers(loaded.config.window_of)
@@ -69,6 +69,8 @@ class ModelRunner:
         if unused:
             logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[0])
         self.model.to(device=self.device, dtype=self.dtype)
+        if self.device.type == "cuda":
+            quantized_triton.to_device(self.model, self.device)  # the blocks read on the host, as planes
         self.model.eval()
         cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
         if can_pack(self.device, self.dtype):
@@ -90,6 +92,12 @@ class ModelRunner:
         self.graphs = None
         if cfg.cuda_graphs and self.device.type == "cuda" and len(self.kv_groups) == 1:
             self.graphs = CudaGraphRunner(self.model, cfg.max_num_seqs, self.inputs.device_views)
+
+    def _has_quantized_kernels(self, kernels) -> bool:
+        """The compiled CPU ops (layers/quantized.py), or on CUDA the Triton kernel (layers/quantized_triton.py)."""
+        if self.device.type == "cuda":
+            return quantized_triton.available()
+        return self.device.type == "cpu" and kernels.compiled_ops() is not None
 
     @property
     def bytes_per_block(self) -> int:

@@ -9,6 +9,7 @@ straight into their place: a fused q/k/v is written slice by slice, not concaten
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -40,11 +41,17 @@ class QuantizedWeight:
         self.segments = segments
         self.in_features = in_features
         self.out_features = sum(s.data.shape[0] for s in segments)
+
+    @cached_property
+    def ops(self):
+        """The compiled CPU ops, looked up at the first multiply (then a plain attribute): a CUDA engine hands
+        the blocks to layers/quantized_triton.py before that and never builds them."""
         from ..kernels import cpu
 
-        self.ops = cpu.compiled_ops()
-        if self.ops is None:
+        ops = cpu.compiled_ops()
+        if ops is None:
             raise RuntimeError("quantized weights need the compiled CPU ops")
+        return ops
 
     @classmethod
     def read(cls, parts: list) -> QuantizedWeight:

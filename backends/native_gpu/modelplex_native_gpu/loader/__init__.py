@@ -22,7 +22,8 @@ class LoadedWeights:
         return any(hasattr(w, "read_into") for w in self.weights.values())
 
     def dequantized(self) -> LoadedWeights:
-        """The same weights with every quantized tensor dequantized to fp32 (for CUDA, or without a compiler)."""
+        """The same weights with every quantized tensor dequantized to fp32 (quantized_weights off, or no kernel for
+        the device: a CPU without a compiler, CUDA without Triton)."""
         return LoadedWeights(self.config, {k: w.dequantize() if hasattr(w, "read_into") else w
                                            for k, w in self.weights.items()})
 
