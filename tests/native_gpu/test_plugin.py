@@ -74,3 +74,9 @@ def test_unknown_parameter_is_rejected(tmp_path, gguf_path):
     bad = CONFIG.replace('"dtype"', '"dtyp"')
     with pytest.raises(InvalidInput, match="unknown parameter 'dtyp'"):
         plugin.modelplex_backends()[0].create_instance(context(tmp_path, gguf_path, bad))
+
+
+def test_bad_dtype_value_is_rejected_naming_the_field(tmp_path, gguf_path):
+    bad = CONFIG.replace('string_value: "float32"', 'string_value: "int3"')
+    with pytest.raises(InvalidInput, match="dtype.*int3"):
+        plugin.modelplex_backends()[0].create_instance(context(tmp_path, gguf_path, bad))

@@ -8,7 +8,8 @@ from .errors import InvalidConfigError
 
 @dataclass
 class EngineConfig:
-    """Settings of one engine. `device`/`dtype` of None pick cuda+bf16 if available, else cpu+bf16.
+    """Settings of one engine. `device` None: cuda if available, else cpu. `dtype` None: the measured rule
+    (dtype_rule.py: per device, CPU instruction set and quantized weights), logged at load with its reason.
 
     `dtype="float32"` is the token-exact mode (greedy output identical to HF transformers fp32).
     `quantized_weights`: a GGUF's quantized tensors (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) stay in their

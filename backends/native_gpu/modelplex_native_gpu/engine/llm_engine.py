@@ -11,6 +11,7 @@ import torch
 from modelplex import NotFound
 
 from ..config import EngineConfig
+from ..dtype_rule import choose_dtype
 from ..errors import AdapterNotFoundError, InvalidRequestError
 from ..loader import LoadedWeights, load_weights
 from ..loader.tokenizer import load_tokenizer
@@ -28,22 +29,8 @@ from .thread_governor import ThreadGovernor
 logger = logging.getLogger(__name__)
 
 
-def _cpu_has_bf16_matmul() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def resolve_device_dtype(config: EngineConfig) -> tuple[str, str]:
-    """cuda if available else cpu; bf16 where the hardware multiplies it fast, else fp32."""
-    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if config.dtype:
-        return device, config.dtype
-    fast_bf16 = device.startswith("cuda") or _cpu_has_bf16_matmul()
-    return device, "bfloat16" if fast_bf16 else "float32"
+def resolve_device(config: EngineConfig) -> str:
+    return config.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass
@@ -67,10 +54,15 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        device, dtype = resolve_device_dtype(config)
+        device = resolve_device(config)
         started = time.perf_counter()
         loaded = loaded or load_weights(config.model)
         arch = loaded.config
+        choice = choose_dtype(config.dtype, device,
+                              keeps_quantized=loaded.is_quantized and config.keeps_quantized_weights()
+                              and device == "cpu")
+        self.dtype_choice, dtype = choice, choice.dtype
+        logger.info("dtype %s (%s)", dtype, choice.reason)
         progress(f"weights loaded in {time.perf_counter() - started:.1f} s ({arch.num_hidden_layers} layers)")
         self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, arch.max_position_embeddings)
         self.runner = ModelRunner(ModelRunnerConfig(device, dtype, config.block_size, self.max_model_len,

@@ -65,6 +65,9 @@ class ModelRunner:
         for g, group in enumerate(self.kv_groups):
             for i in group.layer_ids:
                 self.model.layers[i].kv_group = g
+        # Parameters take the engine's dtype before the weights arrive (their fp32 allocation is never
+        # touched): a bf16 checkpoint is copied once, not through an fp32 model.
+        self.model.to(dtype=self.dtype)
         unused = self.model.load_weights(loaded.weights)
         if unused:
             logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[0])

@@ -60,7 +60,9 @@ def _build():
         return None
     from torch.utils import cpp_extension
 
-    digest = hashlib.sha256((_cpu_flags() + " ".join(_CFLAGS)).encode())
+    # The folder too: ninja rebuilds when build.ninja names other source paths, so two checkouts of the
+    # same sources sharing one build folder rebuilt it in turn (each load waiting minutes on the other's lock).
+    digest = hashlib.sha256((_cpu_flags() + " ".join(_CFLAGS) + _CSRC).encode())
     for source in _SOURCES:
         with open(source, "rb") as f:
             digest.update(f.read())

@@ -15,7 +15,9 @@ class LoadedWeights:
     """Architecture plus HF-named fp32/bf16 tensors, ready for the family model's load_weights."""
 
     config: ArchConfig
-    weights: dict[str, torch.Tensor]  # or, for a GGUF's quantized tensors, lazy gguf_tensors.GGUFQuantizedTensor
+    # Tensors, or sources read when the model takes them: an HF folder's hf.SafetensorsTensor (`load()`),
+    # a GGUF's quantized gguf_tensors.GGUFQuantizedTensor (`read_into`, kept in its blocks).
+    weights: dict[str, torch.Tensor]
 
     @property
     def is_quantized(self) -> bool:

@@ -189,13 +189,19 @@ def _take_parts(weights: dict, hf_name: str) -> list:
     """The tensor `hf_name` as a list of row slices: itself, or the HF tensors a fused parameter concatenates
     (not concatenated here: quantized ones are read slice by slice into their place)."""
     if hf_name in weights:
-        return [weights.pop(hf_name)]
+        return [_read(weights.pop(hf_name))]
     prefix, module, kind = hf_name.rsplit(".", 2)
     parts = [f"{prefix}.{part}.{kind}" for part in _FUSED.get(module, ())]
     missing = [p for p in parts if p not in weights] if parts else [hf_name]
     if missing:
         raise ModelLoadError(f"checkpoint tensor {missing[0]!r} is missing")
-    return [weights.pop(p) for p in parts]
+    return [_read(weights.pop(p)) for p in parts]
+
+
+def _read(w):
+    """A tensor left in its file (loader/hf.py's SafetensorsTensor) is read when its parameter takes it;
+    tensors and quantized sources pass as they are."""
+    return w.load() if hasattr(w, "load") else w
 
 
 def _take(weights: dict[str, torch.Tensor], hf_name: str) -> torch.Tensor:
