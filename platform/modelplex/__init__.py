@@ -25,6 +25,8 @@ from .core.hookspecs import hookimpl
 from .core.params import parse_int
 from .core.tensors import InferRequest, InferResponse, InferTensor, RequestedOutput
 from .llm import tensor_protocol as llm_protocol
+from .llm.contract import TextChunk, TokenLogprob
+from .llm.tensor_protocol import GenerateInputs
 from .llm.tool_parsers import tool_parser
 from .models import config as model_config
 from .models.adapters import LORA_PARAMETER
@@ -44,7 +46,8 @@ __all__ = [
     # model configs: Triton's schema, completion from a model file, tensor specs
     "model_config", "TensorSignature", "check_config", "complete_config", "config_shape", "is_fully_specified",
     "tensor_specs",
-    # LLM backends: the generate tensors, LoRA parameters, the vllm:* metrics, spans
+    # LLM backends: the typed contract, the generate tensors, LoRA parameters, the vllm:* metrics, spans
+    "GenerateInputs", "TextChunk", "TokenLogprob",
     "llm_protocol", "tool_parser", "LORA_PARAMETER", "LORA_MODULES_PARAMETER", "LLMMetrics", "current_span",
     # front-door plugins: serve flags, subcommands, access control, TLS, API groups
     "ServeOption", "Command", "AccessControl", "Denial", "HttpTls", "GrpcTls", "DeviceReport", "parse_bool", "params",

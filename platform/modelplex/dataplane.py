@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,10 @@ from .core.settings import ServerConfig
 from .core.shared_memory import SharedMemoryRegistry
 from .core.shm_tensors import output_targets, read_inputs, write_outputs
 from .core.tensors import InferRequest, InferResponse
+from .llm import tensor_adapter
+from .llm.contract import TextChunk
+from .llm.limits import GenerateLimits
+from .llm.tensor_protocol import GenerateInputs
 from .models.adapters import LORA_PARAMETER, AdapterSource, resolve_folder
 from .models.classification import classify, requested_classes
 from .models.manager import ModelManager
@@ -44,6 +49,7 @@ class DataPlane:
         self.shared_memory = SharedMemoryRegistry(settings.allow_client_shm)  # this server's regions
         self.accepting = True  # False once shutdown starts: not ready, no new requests
         self.request_memory = RequestMemory(settings.max_request_memory_bytes)  # the doors reserve bodies
+        self.generate_limits = GenerateLimits(max_prompt_bytes=settings.max_prompt_bytes)
 
     # ---- health and metadata ------------------------------------------------------------
     def live(self) -> bool:
@@ -111,13 +117,17 @@ class DataPlane:
             raise Unavailable("server is shutting down")
         bind_request(request)
         mv = self.manager.get(request.model_name, request.model_version)
-        if LORA_PARAMETER in request.parameters:
-            mv.adapters.check(request.parameters[LORA_PARAMETER])
         if mv.decoupled:
             raise InvalidInput(f"model '{mv.name}' is decoupled: use a streaming API "
                                "(ModelStreamInfer, generate_stream)")
+        if LORA_PARAMETER in request.parameters and not mv.generates_text:
+            mv.adapters.check(request.parameters[LORA_PARAMETER])
         targets, classes = self._prepare(request)
-        response = await mv.infer(request)
+        if mv.generates_text:
+            form, _, chunks = self._tensor_generate(mv, request)
+            response = await tensor_adapter.one_response(form, chunks)
+        else:
+            response = await mv.infer(request)
         if request.outputs:
             wanted = {o.name for o in request.outputs}
             response.outputs = [t for t in response.outputs if t.name in wanted]
@@ -144,23 +154,61 @@ class DataPlane:
             raise Unavailable("server is shutting down")
         bind_request(request)
         mv = self.manager.get(request.model_name, request.model_version)
-        if LORA_PARAMETER in request.parameters:
-            mv.adapters.check(request.parameters[LORA_PARAMETER])
-        wanted = {o.name for o in request.outputs}
         if not mv.decoupled:
             response = await self.infer(request)
             yield response
             return
+        if LORA_PARAMETER in request.parameters and not mv.generates_text:
+            mv.adapters.check(request.parameters[LORA_PARAMETER])
+        wanted = {o.name for o in request.outputs}
         targets, classes = self._prepare(request)
-        responses = mv.stream(request)
+        if mv.generates_text:
+            form, inputs, chunks = self._tensor_generate(mv, request)
+            responses = tensor_adapter.responses(form, inputs, chunks)
+        else:
+            responses = mv.stream(request)
+            if self.settings.max_stream_secs:
+                responses = _bounded(responses, self.settings.max_stream_secs, mv.name)
+        async with contextlib.aclosing(responses):
+            async for response in responses:
+                if wanted:
+                    response.outputs = [t for t in response.outputs if t.name in wanted]
+                    # each response of a stream lands in the same region (the client reads it before the next)
+                    self._finish(response, mv, targets, classes)
+                yield response
+
+    # ---- text generation (the typed LLM contract, `llm.contract`) -----------------------------
+    async def generate(self, model: str, version: str, inputs: GenerateInputs) -> AsyncIterator[TextChunk]:
+        """A text-generation model's chunks for `inputs`: the adapter and the limits checked first
+        (InvalidInput naming the field), then admitted, counted and traced as every stream is."""
+        if not self.accepting:
+            raise Unavailable("server is shutting down")
+        mv = self.manager.get(model, version)
+        if not mv.generates_text:
+            raise InvalidInput(f"model '{model}' does not generate text", param="model")
+        async with contextlib.aclosing(self._generate(mv, inputs)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    def _tensor_generate(self, mv, request: InferRequest):
+        """A tensor request to a text-generation model, through the tensor adapter: (how to answer it,
+        its inputs, its chunks)."""
+        mv.check_request(request)
+        inputs, form = tensor_adapter.read_request(request, (mv.name, str(mv.version)), mv.config)
+        return form, inputs, self._generate(mv, inputs)
+
+    def _generate(self, mv, inputs: GenerateInputs) -> AsyncIterator[TextChunk]:
+        if inputs.lora_field == LORA_PARAMETER:
+            mv.adapters.check(inputs.lora)
+        elif inputs.lora not in mv.adapters.sources:
+            loaded = ", ".join(sorted(mv.adapters.sources)) or "none"
+            raise InvalidInput(f"{inputs.lora_field}: LoRA adapter '{inputs.lora}' is not loaded (loaded: {loaded})",
+                               param=inputs.lora_field)
+        self.generate_limits.check(inputs)
+        chunks = mv.generate(inputs)
         if self.settings.max_stream_secs:
-            responses = _bounded(responses, self.settings.max_stream_secs, mv.name)
-        async for response in responses:
-            if wanted:
-                response.outputs = [t for t in response.outputs if t.name in wanted]
-                # each response of a stream lands in the same region (the client reads it before the next)
-                self._finish(response, mv, targets, classes)
-            yield response
+            chunks = _bounded(chunks, self.settings.max_stream_secs, mv.name)
+        return chunks
 
     # ---- tokenizer (LLM backends that expose theirs) -----------------------------------------
     async def tokenize(self, model: str, inputs, add_special_tokens: bool = False) -> list[int]:

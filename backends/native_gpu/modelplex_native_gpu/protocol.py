@@ -1,19 +1,19 @@
-"""The native_gpu backend's side of the LLM tensor protocol (`modelplex.llm.tensor_protocol`): a request
-becomes prompt token ids and validated SamplingParams; engine outputs become protocol responses."""
+"""The native_gpu backend's side of the typed LLM contract (`modelplex.llm.contract`): `GenerateInputs`
+become prompt token ids and validated SamplingParams (on a worker thread: tokenizing and chat templates
+never run on the event loop); engine outputs become `TextChunk`s."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from modelplex import InferRequest, InferResponse, InvalidInput, llm_protocol
+from modelplex import GenerateInputs, InvalidInput, TextChunk, TokenLogprob
 
 from .chat_template import render_chat
 from .engine.outputs import RequestOutput
 from .engine.sampling_params import SamplingParams
 from .errors import InvalidRequestError
 
-# Protocol fields that are request settings, not SamplingParams
-REQUEST_FIELDS = ("priority", "truncate_prompt_tokens", "lora_name")
+# Protocol fields that are request settings, not SamplingParams (best_of: the host has checked it equals n)
+REQUEST_FIELDS = ("priority", "truncate_prompt_tokens", "best_of")
 
 
 @dataclass
@@ -23,16 +23,13 @@ class GenerateCall:
     prompt_ids: list[int]
     params: SamplingParams
     priority: int = 0
-    lora_name: str | None = None  # Triton's vLLM backend names the adapter among the sampling fields
-    prompt_text: str | None = None  # the text prompt (or rendered chat); None for token ids
 
 
-def parse_request(request: InferRequest, tokenizer, max_model_len: int, vocab_size: int | None = None) -> GenerateCall:
-    """Tensors and parameters -> prompt token ids and validated SamplingParams (InvalidInput naming the field)."""
-    inputs = llm_protocol.read_generate_inputs(request)
-    values = inputs.sampling
+def parse_inputs(inputs: GenerateInputs, tokenizer, max_model_len: int, vocab_size: int | None = None) -> GenerateCall:
+    """Inputs -> prompt token ids and validated SamplingParams (InvalidInput naming the field). Blocking:
+    it tokenizes (call it on a worker thread)."""
+    values = dict(inputs.sampling)
     settings = {name: values.pop(name) for name in REQUEST_FIELDS if name in values}
-    text = None
     if inputs.prompt_token_ids is not None:
         prompt_ids = inputs.prompt_token_ids
         if vocab_size is not None and max(prompt_ids) >= vocab_size:
@@ -51,11 +48,8 @@ def parse_request(request: InferRequest, tokenizer, max_model_len: int, vocab_si
     priority = settings.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidInput(f"priority: must be an integer, got {priority!r}", param="priority")
-    lora_name = settings.get("lora_name")
-    if lora_name is not None and not isinstance(lora_name, str):
-        raise InvalidInput("lora_name: must be a string", param="lora_name")
     try:
-        return GenerateCall(prompt_ids, SamplingParams.from_dict(values), priority, lora_name or None, text)
+        return GenerateCall(prompt_ids, SamplingParams.from_dict(values), priority)
     except InvalidRequestError as exc:
         raise InvalidInput(str(exc), param=exc.field) from None
 
@@ -74,42 +68,36 @@ def truncate(prompt_ids: list[int], keep: int | None, max_model_len: int) -> lis
     return prompt_ids[-keep:]
 
 
-def make_response(request: InferRequest, model: tuple[str, str], text: str, output: RequestOutput,
-                  params: SamplingParams, tokenizer) -> InferResponse:
-    """One response (a delta or a whole text) with its protocol parameters."""
-    parameters = {}
-    if params.n > 1:
-        parameters["index"] = output.index
-    if output.finished:
-        parameters.update(llm_protocol.final_parameters(output.finish_reason, output.num_prompt_tokens,
-                                           output.num_generated_tokens))
-    elif request.parameters.get(llm_protocol.USAGE_PARAMETER):
-        parameters.update(num_input_tokens=output.num_prompt_tokens, num_output_tokens=output.num_generated_tokens)
+def text_chunk(output: RequestOutput, params: SamplingParams, tokenizer, token_ids: list[int],
+               logprobs: list[dict[int, float]]) -> TextChunk:
+    """One chunk: the output's text delta with `token_ids` (this output's and any held back since the
+    last chunk) and their log-probabilities, when asked for."""
+    chunk = TextChunk(output.text_delta, token_ids, output.index, finish_reason=output.finish_reason,
+                      num_prompt_tokens=output.num_prompt_tokens, num_output_tokens=output.num_generated_tokens,
+                      num_cached_tokens=output.num_cached_tokens)
     if params.logprobs is not None:
-        parameters["logprobs"] = json.dumps(_logprob_entries(output, params.logprobs, tokenizer))
+        chunk.logprobs = token_logprobs(token_ids, logprobs, params.logprobs, tokenizer)
     if output.prompt_logprobs is not None:
-        parameters["prompt_logprobs"] = json.dumps(prompt_logprob_entries(output.prompt_logprobs,
-                                                                          params.prompt_logprobs, tokenizer))
-    return llm_protocol.text_response(request, model, text, parameters)
+        chunk.prompt_logprobs = prompt_logprobs(output.prompt_logprobs, params.prompt_logprobs, tokenizer)
+    return chunk
 
 
-def prompt_logprob_entries(found: list[dict[int, float]], k: int, tokenizer) -> list[dict]:
-    """Per prompt token: as `_logprob_entries` (its own token is each dict's first key; the first has None)."""
+def prompt_logprobs(found: list[dict[int, float]], k: int, tokenizer) -> list[TokenLogprob]:
+    """Per prompt token (its own token is each dict's first key; the first has None): it and k alternatives."""
     entries = []
     for entry in found:
         token_id = next(iter(entry))
         top = [] if entry[token_id] is None else sorted(entry.items(), key=lambda item: -item[1])[:k]
-        entries.append({"token": tokenizer.decode([token_id]), "token_id": token_id, "logprob": entry[token_id],
-                        "top_logprobs": [{"token": tokenizer.decode([t]), "token_id": t, "logprob": lp}
-                                         for t, lp in top]})
+        entries.append(TokenLogprob(tokenizer.decode([token_id]), entry[token_id], token_id,
+                                    tuple(TokenLogprob(tokenizer.decode([t]), lp, t) for t, lp in top)))
     return entries
 
 
-def _logprob_entries(output: RequestOutput, k: int, tokenizer) -> list[dict]:
+def token_logprobs(token_ids: list[int], found: list[dict[int, float]], k: int, tokenizer) -> list[TokenLogprob]:
     """Per new token: its text and log-probability, and the k most likely alternatives."""
     entries = []
-    for token_id, found in zip(output.new_token_ids, output.new_logprobs):
-        top = sorted(found.items(), key=lambda item: -item[1])[:k]
-        entries.append({"token": tokenizer.decode([token_id]), "logprob": found[token_id],
-                        "top_logprobs": [{"token": tokenizer.decode([t]), "logprob": lp} for t, lp in top]})
+    for token_id, alternatives in zip(token_ids, found):
+        top = sorted(alternatives.items(), key=lambda item: -item[1])[:k]
+        entries.append(TokenLogprob(tokenizer.decode([token_id]), alternatives[token_id], token_id,
+                                    tuple(TokenLogprob(tokenizer.decode([t]), lp, t) for t, lp in top)))
     return entries

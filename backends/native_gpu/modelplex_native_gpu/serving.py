@@ -1,4 +1,5 @@
-"""The modelplex ModelInstance over an AsyncLLMEngine: request tensors in, text out (whole or streamed).
+"""The modelplex ModelInstance over an AsyncLLMEngine: `GenerateInputs` in, `TextChunk`s out (the host
+adapts the KServe tensor form onto them).
 
 Config `parameters` are EngineConfig fields plus `max_queue_size` (requests waiting for a batch
 slot, default 256): beyond it a request is refused at once with Unavailable (503 / 429).
@@ -14,16 +15,15 @@ from collections.abc import AsyncIterator
 
 from modelplex import (
     LORA_MODULES_PARAMETER,
-    LORA_PARAMETER,
     EngineStats,
-    InferRequest,
-    InferResponse,
+    GenerateInputs,
     InstanceContext,
     InvalidInput,
     LLMMetrics,
     ModelContext,
     ModelInstance,
     NotFound,
+    TextChunk,
     Unavailable,
     Unsupported,
     llm_protocol,
@@ -37,7 +37,7 @@ from .config import EngineConfig
 from .engine.outputs import RequestOutput
 from .engine.structured_output import constraint_field
 from .errors import AdapterNotFoundError, EngineError
-from .protocol import GenerateCall, make_response, parse_request
+from .protocol import GenerateCall, parse_inputs, text_chunk
 
 log = logging.getLogger(__name__)
 
@@ -176,90 +176,52 @@ class LLMInstance(ModelInstance):
             raise InvalidInput(f"model '{ictx.model.name}': {exc}") from None
         if template is not None and self.engine.tokenizer is not None:
             self.engine.tokenizer.chat_template = template
-        self.vllm = vllm_folder.is_vllm_folder(ictx.model.config)
+        self.max_num_seqs = config.max_num_seqs
         self.model = (ictx.model.name, str(ictx.model.version))
         self.llm_metrics = LLMMetrics()
         # More host slots than the engine runs plus queues: the bound that refuses is ours, never
         # an unbounded wait for a host slot (the headroom covers refusals and streams closing).
         self.max_concurrency = config.max_num_seqs + self.max_queue_size + SLOT_HEADROOM
 
-    async def execute(self, requests: list[InferRequest]) -> list[InferResponse]:
-        return list(await asyncio.gather(*(self._complete(r) for r in requests)))
-
-    async def _complete(self, request: InferRequest) -> InferResponse:
-        call = self._parse(request)
-        if call.params.n > 1:
-            raise InvalidInput("n: more than one completion per request needs a decoupled model", param="n")
-        token_ids, logprobs = [], []
-        async with contextlib.aclosing(self._generate(request, call)) as outputs:
-            async for last in outputs:
-                token_ids += last.new_token_ids
-                logprobs += last.new_logprobs
-        whole = dataclasses.replace(last, new_token_ids=token_ids, new_logprobs=logprobs)
-        response = make_response(request, self.model, last.text, whole, call.params, self.engine.tokenizer)
-        response.phases = engine_phases(last)
-        return response
-
-    async def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        call = self._parse(request)
-        flags = vllm_folder.VllmFlags.read(request) if self.vllm else None
-        if flags is not None and flags.values.get("return_cumulative_logprob") and call.params.logprobs is None:
-            call.params.logprobs = 0  # the sampled tokens' log-probabilities, summed per completion
-            flags.hidden_parameters = ("logprobs",)
-        if flags is not None and not flags.stream:
-            async for response in self._whole_per_completion(request, call, flags):
-                yield response
-            return
+    async def generate(self, inputs: GenerateInputs) -> AsyncIterator[TextChunk]:
+        """The request's chunks: one per engine output that adds text, log-probabilities or a finish
+        (token ids of outputs that add none go with the next chunk); the engine's phases on the first."""
+        call = await asyncio.to_thread(self._parse, inputs)  # tokenizing and templates: never on the loop
+        held: dict[int, tuple[list[int], list[dict]]] = {}  # per completion: token ids not yet sent
         phases_sent = False
-        async with contextlib.aclosing(self._generate(request, call)) as outputs:
+        async with contextlib.aclosing(self._generate(inputs, call)) as outputs:
             async for output in outputs:
-                if output.text_delta or output.finished or output.new_logprobs:
-                    response = make_response(request, self.model, output.text_delta, output, call.params,
-                                             self.engine.tokenizer)
-                    if flags is not None:
-                        flags.add_outputs(response, output.index, output.finish_reason, output.num_prompt_tokens,
-                                          output.new_token_ids, output.new_logprobs)
-                    if not phases_sent:  # with the first chunk: the prefill is over by then
-                        response.phases, phases_sent = engine_phases(output), True
-                    yield response
-
-    async def _whole_per_completion(self, request: InferRequest, call: GenerateCall,
-                                    flags) -> AsyncIterator[InferResponse]:
-        """Triton's vLLM backend without `stream`: one response per completion, the prompt first unless
-        `exclude_input_in_output`."""
-        token_ids, logprobs = {}, {}
-        async with contextlib.aclosing(self._generate(request, call)) as outputs:
-            async for output in outputs:
-                token_ids.setdefault(output.index, []).extend(output.new_token_ids)
-                logprobs.setdefault(output.index, []).extend(output.new_logprobs)
-                if not output.finished:
+                token_ids, logprobs = held.setdefault(output.index, ([], []))
+                token_ids += output.new_token_ids
+                logprobs += output.new_logprobs
+                if not (output.text_delta or output.finished or output.new_logprobs):
                     continue
-                whole = dataclasses.replace(output, new_token_ids=token_ids[output.index],
-                                            new_logprobs=logprobs[output.index])
-                prefix = call.prompt_text or "" if flags.prepend_input else ""
-                response = make_response(request, self.model, prefix + output.text, whole, call.params,
-                                         self.engine.tokenizer)
-                flags.add_outputs(response, output.index, output.finish_reason, output.num_prompt_tokens,
-                                  whole.new_token_ids, whole.new_logprobs)
-                response.phases = engine_phases(output)
-                yield response
+                del held[output.index]
+                chunk = text_chunk(output, call.params, self.engine.tokenizer, token_ids, logprobs)
+                if not phases_sent:  # with the first chunk: the prefill is over by then
+                    chunk.phases, phases_sent = engine_phases(output), True
+                yield chunk
 
-    def _parse(self, request: InferRequest) -> GenerateCall:
-        return parse_request(request, self.engine.tokenizer, self.engine.engine.max_model_len,
-                             self.engine.engine.vocab_size)
+    def _parse(self, inputs: GenerateInputs) -> GenerateCall:
+        return parse_inputs(inputs, self.engine.tokenizer, self.engine.engine.max_model_len,
+                            self.engine.engine.vocab_size)
 
-    async def _generate(self, request: InferRequest, call: GenerateCall):
-        lora = request.parameters.get(LORA_PARAMETER) or call.lora_name
-        if call.lora_name is not None and lora == call.lora_name and lora not in self._adapter_names():
-            raise InvalidInput(f"lora_name: LoRA adapter '{lora}' is not loaded (loaded: "
-                               f"{', '.join(sorted(self._adapter_names())) or 'none'})", param="lora_name")
-        if lora is not None and not self._loras().is_cached(lora):
-            await asyncio.to_thread(self._loras().prefetch, lora)  # a disk read, never on the engine loop
-        # The event loop alone adds requests, so no other add interleaves between check and add.
-        if self.engine.num_waiting >= self.max_queue_size:
+    def _check_queue(self, n: int) -> None:
+        """A request's n completions count as n sequences: refused (Unavailable) when those that cannot
+        start at once would take the queue past max_queue_size. The event loop alone adds requests,
+        so no other add interleaves between this check and the add."""
+        stats = self.engine_stats()
+        free = max(0, self.max_num_seqs - stats.num_running - stats.num_waiting)
+        if stats.num_waiting >= self.max_queue_size or stats.num_waiting + max(0, n - free) > self.max_queue_size:
             raise Unavailable(f"model '{self.model[0]}': {self.max_queue_size} requests already wait; try again "
                               f"later", retry_after=RETRY_AFTER_SECONDS)
-        request_id = f"{request.id or 'req'}-{next(_request_ids)}"
+
+    async def _generate(self, inputs: GenerateInputs, call: GenerateCall):
+        lora = inputs.lora or None  # the host has checked it is loaded
+        if lora is not None and not self._loras().is_cached(lora):
+            await asyncio.to_thread(self._loras().prefetch, lora)  # a disk read, never on the engine loop
+        self._check_queue(call.params.n)
+        request_id = f"{inputs.request_id or 'req'}-{next(_request_ids)}"
         timer = self.llm_metrics.timer(lora or "")
         try:
             if call.params.constraint is not None:
@@ -296,10 +258,7 @@ class LLMInstance(ModelInstance):
             await asyncio.sleep(UNLOAD_POLL_SECONDS)
         manager.finish_unload(adapter)
 
-    def _adapter_names(self) -> set[str]:
-        return {row["name"] for row in self.list_adapters()}
-
-    async def tokenize(self, inputs: llm_protocol.GenerateInputs, add_special_tokens: bool = False) -> list[int]:
+    async def tokenize(self, inputs: GenerateInputs, add_special_tokens: bool = False) -> list[int]:
         """The prompt's token ids as a request would run them (chat template applied), off the event loop."""
         tokenizer = self.engine.tokenizer
 

@@ -3,30 +3,22 @@
 
 Auto-complete declares the vLLM backend's tensors and makes the model decoupled; `engine_settings`
 maps the engine arguments this engine has to EngineConfig fields (unknown ones are warned about and
-ignored). A request's optional BOOL tensors follow the vLLM backend (`src/model.py`): `stream`
-(absent: one response with the whole text), `exclude_input_in_output` (absent and not streaming: the
-prompt comes first), `return_finish_reason`, `return_cumulative_logprob`, `return_num_input_tokens`,
-`return_num_output_tokens` (per response: the tokens it adds) add output tensors.
+ignored). A request's optional BOOL flag tensors (`llm_protocol.VLLM_FLAGS`) are read by the host's
+tensor adapter (`modelplex.llm.vllm_tensors`).
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from modelplex import LORA_MODULES_PARAMETER, InferRequest, InferTensor, InvalidInput, ModelContext
+from modelplex import LORA_MODULES_PARAMETER, InvalidInput, ModelContext, llm_protocol
 
 log = logging.getLogger(__name__)
 
 BACKEND = "vllm"
 ENGINE_ARGS_FILE = "model.json"
 LORA_FILE = "multi_lora.json"
-FLAGS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_cumulative_logprob",
-         "return_logprobs", "return_num_input_tokens", "return_num_output_tokens")
 OUTPUTS = (("text_output", "TYPE_STRING", [-1]), ("finish_reason", "TYPE_STRING", [-1]),
            ("cumulative_logprob", "TYPE_FP32", [-1]), ("logprobs", "TYPE_STRING", [-1]),
            ("num_input_tokens", "TYPE_UINT32", [1]), ("num_output_tokens", "TYPE_UINT32", [-1]))
@@ -54,7 +46,7 @@ def auto_complete(ctx: ModelContext) -> None:
     inputs = {t.name for t in config.input}
     for name, kind, dims in (("text_input", "TYPE_STRING", [1]), ("messages", "TYPE_STRING", [1]),
                              ("sampling_parameters", "TYPE_STRING", [1]),
-                             *((flag, "TYPE_BOOL", [1]) for flag in FLAGS)):
+                             *((flag, "TYPE_BOOL", [1]) for flag in llm_protocol.VLLM_FLAGS)):
         if name not in inputs:
             config.input.add(name=name, data_type=pb.DataType.Value(kind), dims=dims, optional=True)
     outputs = {t.name for t in config.output}
@@ -134,68 +126,3 @@ def _read_json(path: Path, model: str) -> dict:
     if not isinstance(value, dict):
         raise InvalidInput(f"model '{model}': {path.name} must hold a JSON object")
     return value
-
-
-@dataclass
-class VllmFlags:
-    """One request's vLLM-backend BOOL tensors, and what its responses so far reported."""
-
-    values: dict[str, bool] = field(default_factory=dict)
-    cumulative_logprob: dict[int, float] = field(default_factory=dict)  # per completion index
-    hidden_parameters: tuple[str, ...] = ()  # response parameters computed only for an output tensor
-
-    @classmethod
-    def read(cls, request: InferRequest) -> VllmFlags:
-        values = {}
-        for tensor in request.inputs:
-            if tensor.name in FLAGS:
-                data = tensor.data.reshape(-1)
-                if data.size != 1:
-                    raise InvalidInput(f"{tensor.name}: must hold one boolean", param=tensor.name)
-                values[tensor.name] = bool(data[0])
-        if values.get("return_logprobs"):
-            raise InvalidInput("return_logprobs: not supported (ask for logprobs in sampling_parameters)",
-                               param="return_logprobs")
-        if values.get("stream") and values.get("exclude_input_in_output") is False:
-            raise InvalidInput("exclude_input_in_output: false is not allowed when streaming",
-                               param="exclude_input_in_output")
-        return cls(values)
-
-    @property
-    def stream(self) -> bool:
-        return self.values.get("stream", False)
-
-    @property
-    def prepend_input(self) -> bool:
-        return not self.stream and not self.values.get("exclude_input_in_output", False)
-
-    def add_outputs(self, response, index: int, finish_reason: str | None, num_input_tokens: int,
-                    new_token_ids: list[int], new_logprobs: list[dict]) -> None:
-        """Add the output tensors the flags ask for to one response of completion `index`; the protocol's
-        response parameters of the same names make way (the tensors carry vLLM's meaning)."""
-        tensors = self.outputs(index, finish_reason, num_input_tokens, new_token_ids, new_logprobs)
-        response.outputs += tensors
-        for name in (*(t.name for t in tensors), *self.hidden_parameters):
-            response.parameters.pop(name, None)
-
-    def outputs(self, index: int, finish_reason: str | None, num_input_tokens: int, new_token_ids: list[int],
-                new_logprobs: list[dict]) -> list[InferTensor]:
-        """The output tensors the flags ask for, for one response of completion `index`."""
-        out = []
-        if self.values.get("return_finish_reason"):
-            out.append(_strings("finish_reason", [str(finish_reason)]))
-        if self.values.get("return_cumulative_logprob"):
-            total = self.cumulative_logprob.get(index, 0.0)
-            total += sum(found[token] for token, found in zip(new_token_ids, new_logprobs)
-                         if found and math.isfinite(found[token]))
-            self.cumulative_logprob[index] = total
-            out.append(InferTensor.from_numpy("cumulative_logprob", np.array([total], dtype=np.float32)))
-        if self.values.get("return_num_input_tokens"):
-            out.append(InferTensor.from_numpy("num_input_tokens", np.array([num_input_tokens], dtype=np.uint32)))
-        if self.values.get("return_num_output_tokens"):
-            out.append(InferTensor.from_numpy("num_output_tokens", np.array([len(new_token_ids)], dtype=np.uint32)))
-        return out
-
-
-def _strings(name: str, values: list[str]) -> InferTensor:
-    return InferTensor.from_numpy(name, np.array([v.encode() for v in values], dtype=np.object_))

@@ -201,7 +201,7 @@ class Engine:
         finish = FINISH_REASONS.get(output.finish_reason.name)
         if finish:
             text += request.streams[sequence_id].push([], final=True)
-        delta = {"index": index, "text": text, "num_new_tokens": len(new_ids), "logprobs": None,
+        delta = {"index": index, "text": text, "token_ids": new_ids, "num_new_tokens": len(new_ids), "logprobs": None,
                  "finish_reason": finish, "num_input_tokens": len(request.prompt_ids),
                  "num_output_tokens": request.num_generated[sequence_id],
                  "num_sequences": request.config.num_return_sequences}

@@ -7,7 +7,6 @@ repository, model states, queues, batching and metrics; a backend only turns a l
 from __future__ import annotations
 
 import threading
-from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,8 @@ from .tensors import InferRequest, InferResponse
 
 if TYPE_CHECKING:
     from ..dataplane import DataPlane
+    from ..llm.contract import TextChunk
+    from ..llm.tensor_protocol import GenerateInputs
     from ..observability.llm_metrics import LLMMetrics
     from ..observability.stats import ModelStats
 
@@ -138,13 +139,14 @@ class EngineStats:
         return {**out, **self.extra}
 
 
-class ModelInstance(ABC):
+class ModelInstance:
     """One execution instance of a model version. The host never calls one instance concurrently.
 
     `execute` receives one or more requests (more when the host batches) and returns one entry per
     request, in order: its `InferResponse`, or the `ModelplexError` that request alone failed with
     (its batch mates still get their answers). Raising fails every request of the call.
-    Decoupled models implement `stream` instead.
+    Decoupled models implement `stream` instead; text-generation models implement `generate` alone
+    (the host adapts the KServe tensor form of `modelplex.llm.tensor_protocol` onto it).
     """
 
     # How many requests the host may give this instance at once; None: the BackendSpec's
@@ -155,12 +157,22 @@ class ModelInstance(ABC):
     # host renders it at scrape time and adds its latency sums to `engine_stats`.
     llm_metrics: LLMMetrics | None = None
 
-    @abstractmethod
     async def execute(self, requests: list[InferRequest]) -> list[InferResponse | ModelplexError]:
-        ...
+        raise Unsupported("this model takes no tensor requests")
 
     def stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         raise Unsupported("this model does not stream responses")
+
+    def generate(self, inputs: GenerateInputs) -> AsyncIterator[TextChunk]:
+        """A text-generation model's `TextChunk`s for `inputs` (an async generator): deltas of each
+        completion until its chunk with a finish reason. The host has checked the adapter and the
+        limits (`modelplex.llm.limits`); the backend tokenizes off the event loop, raises InvalidInput
+        naming the field, and aborts the request when the iterator is closed early."""
+        raise Unsupported("this model does not generate text")
+
+    @property
+    def generates_text(self) -> bool:
+        return type(self).generate is not ModelInstance.generate
 
     def engine_stats(self) -> EngineStats | None:
         """Occupancy of an instance that schedules requests itself (an LLM engine): running and
@@ -168,7 +180,7 @@ class ModelInstance(ABC):
         Called from any thread (HTTP routes, metric scrapes); must not block on a running step."""
         return None
 
-    async def close(self) -> None:  # noqa: B027 - optional: most instances hold nothing to release
+    async def close(self) -> None:
         """Release sessions, threads, device memory. Called once, after the last request."""
 
     # ---- tokenizer (optional; LLM backends: the /tokenize and /detokenize routes) ----------------

@@ -35,6 +35,7 @@ class ServerConfig:
     grpc_stream_max_queued_responses: int = 64
     max_request_memory_bytes: int = 1 << 30  # request bodies in flight, server-wide (0: no limit)
     tensor_limits: TensorLimits = field(default_factory=TensorLimits)  # per input tensor, at decode time
+    max_prompt_bytes: int = 4 << 20  # a generate request's prompt text (or chat contents), before tokenizing
     max_stream_secs: float = 3600.0  # a stream still running after this ends with an error (0: no limit)
     unload_timeout_secs: float = 30.0
     model_load_timeout_secs: float = 600.0  # a load still running after this fails (0: no limit)

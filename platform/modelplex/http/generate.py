@@ -93,10 +93,17 @@ def generate_answer(response: InferResponse) -> dict:
 
 
 def _join(responses: list[InferResponse]) -> InferResponse:
-    """A stream's text deltas as one response: BYTES outputs concatenated, the last one's parameters."""
+    """A stream's text deltas as one response: BYTES outputs concatenated, the last one's parameters,
+    every response's token log-probabilities (a JSON list each, one entry per token) in one list."""
     if any(r.parameters.get("index", 0) for r in responses):
         raise InvalidInput("n: generate returns one text; use /v1/completions for several", param="n")
     last = responses[-1]
+    if len(responses) > 1 and "logprobs" in last.parameters:
+        last.parameters["logprobs"] = "[" + ",".join(
+            p[1:-1] for r in responses if len(p := r.parameters.get("logprobs", "[]")) > 2) + "]"
+    first_prompt_logprobs = responses[0].parameters.get("prompt_logprobs")
+    if first_prompt_logprobs is not None:
+        last.parameters.setdefault("prompt_logprobs", first_prompt_logprobs)
     for tensor in last.outputs:
         if tensor.datatype == "BYTES":
             parts = [t.data.reshape(-1)[0] for r in responses for t in r.outputs if t.name == tensor.name]

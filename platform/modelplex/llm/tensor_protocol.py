@@ -25,13 +25,15 @@ from ..core.errors import InvalidInput
 from ..core.params import parse_bool
 from ..core.tensors import InferRequest, InferResponse, InferTensor
 from ..models.adapters import LORA_PARAMETER
+from . import vllm_tensors
 
 # Sampling fields and their types: what request parameters may carry and how strings become numbers.
 FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                           "frequency_penalty"})
-# priority and truncate_prompt_tokens are request settings a backend applies before its sampler
-INT_FIELDS = frozenset({"n", "max_tokens", "top_k", "seed", "logprobs", "min_tokens", "prompt_logprobs", "priority",
-                        "truncate_prompt_tokens"})
+# priority and truncate_prompt_tokens are request settings a backend applies before its sampler; best_of
+# is only taken equal to n (the data plane's limits)
+INT_FIELDS = frozenset({"n", "best_of", "max_tokens", "top_k", "seed", "logprobs", "min_tokens", "prompt_logprobs",
+                        "priority", "truncate_prompt_tokens"})
 BOOL_FIELDS = frozenset({"ignore_eos", "skip_special_tokens", "include_stop_str_in_output"})
 LIST_FIELDS = frozenset({"stop", "stop_token_ids", "allowed_token_ids", "bad_words"})
 # OpenAI's response_format {"type": "json_object" | "json_schema", ...}; vLLM's structured_outputs
@@ -41,6 +43,7 @@ STRING_FIELDS = frozenset({"lora_name"})
 SAMPLING_FIELDS = FLOAT_FIELDS | INT_FIELDS | BOOL_FIELDS | LIST_FIELDS | OBJECT_FIELDS | STRING_FIELDS
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 TOKEN_IDS_PARAMETER = "prompt_token_ids"
+VLLM_FLAGS = vllm_tensors.VLLM_FLAGS
 USAGE_PARAMETER = "usage_per_response"  # true: num_input_tokens / num_output_tokens (so far) on every response
 
 
@@ -60,13 +63,17 @@ class ChatRequest:
 @dataclass
 class GenerateInputs:
     """What one request asks for, before a backend tokenizes it: exactly one of `text`, `chat` (checked
-    messages) and `prompt_token_ids`, the sampling fields as given, and the adapter (`lora`, "" = base)."""
+    messages) and `prompt_token_ids`, the sampling fields as given, and the adapter (`lora`, "" = base;
+    `lora_field` is the request field that named it, for errors). The data plane checks the adapter
+    and the limits (`limits`) before a backend sees it."""
 
     text: str | None
     chat: ChatRequest | None
     sampling: dict
     lora: str = ""
     prompt_token_ids: list[int] | None = None
+    request_id: str = ""
+    lora_field: str = "lora"
 
     @property
     def messages(self) -> list[dict] | None:
@@ -229,9 +236,3 @@ def text_response(request: InferRequest, model: tuple[str, str], text: str, para
     """One response of the protocol: `text_output` holding `text` (a delta or a whole text)."""
     out = InferTensor.from_numpy("text_output", np.array([text.encode()], dtype=np.object_))
     return InferResponse(model[0], model[1], [out], id=request.id, parameters=parameters)
-
-
-def final_parameters(finish_reason: str, num_input_tokens: int, num_output_tokens: int) -> dict:
-    """The response parameters of a completion's last response."""
-    return {"finish_reason": finish_reason, "num_input_tokens": num_input_tokens,
-            "num_output_tokens": num_output_tokens}

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from ..core.backend import BackendSpec, InstanceContext, ModelContext, ModelInstance
 from ..core.errors import InternalError, ModelplexError, Unavailable, Unsupported
@@ -19,6 +21,10 @@ from .adapters import AdapterSource, ModelAdapters, load_sources
 from .classification import load_labels
 from .load_threads import LoadTimeout, in_thread
 from .validation import RequestValidator
+
+if TYPE_CHECKING:
+    from ..llm.contract import TextChunk
+    from ..llm.tensor_protocol import GenerateInputs
 
 log = logging.getLogger(__name__)
 _now = time.perf_counter_ns
@@ -295,23 +301,47 @@ class ModelVersion:
         """Responses of a decoupled model as the backend produces them."""
         start = _now()
         self._check(request, start)
+
+        def own(response: InferResponse) -> None:
+            response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
+
+        async with contextlib.aclosing(self._streamed(start, lambda instance: instance.stream(request), own)) as items:
+            async for response in items:
+                yield response
+
+    def check_request(self, request: InferRequest) -> None:
+        """The tensor checks `infer` and `stream` make (a failure counts in the statistics)."""
+        self._check(request, _now())
+
+    async def generate(self, inputs: GenerateInputs) -> AsyncIterator[TextChunk]:
+        """A text-generation model's chunks (`ModelInstance.generate`), counted and traced as a stream."""
+        items = self._streamed(_now(), lambda instance: instance.generate(inputs), None)
+        async with contextlib.aclosing(items):
+            async for chunk in items:
+                yield chunk
+
+    async def _streamed(self, start: int, open_stream, own) -> AsyncIterator:
+        """What `open_stream(instance)` yields (responses or chunks) on an idle instance, admitted,
+        counted in the statistics and traced (a span per stream, an event per item, the backend's phases)."""
         self._admit()
         ok, reason = False, "BACKEND"
         parent = current_span.get()
         span = None if parent is None else parent.child(f"stream {self.name}", {"model": self.name})
-        num_responses = 0
+        num_items = 0
         try:
             instance = await self._instance()
             queue_ns = _now() - start
             try:
-                async for response in instance.stream(request):
-                    response.model_name, response.model_version, response.id = self.name, str(self.version), request.id
-                    if span is not None:
-                        span.response_event(num_responses, start)
-                        if response.phases:
-                            span.backend_phases(response.phases)
-                    num_responses += 1
-                    yield response
+                async with contextlib.aclosing(open_stream(instance)) as items:
+                    async for item in items:
+                        if own is not None:
+                            own(item)
+                        if span is not None:
+                            span.response_event(num_items, start)
+                            if item.phases:
+                                span.backend_phases(item.phases)
+                        num_items += 1
+                        yield item
             finally:
                 self._idle.put_nowait(instance)
             ok = True
@@ -324,6 +354,11 @@ class ModelVersion:
             self._release()
             if span is not None:
                 span.end()
+
+    @property
+    def generates_text(self) -> bool:
+        """Whether its instances implement `generate` (the data plane adapts tensor requests onto it)."""
+        return bool(self.instances) and self.instances[0].generates_text
 
     async def unload(self, timeout: float) -> None:
         """Refuse new requests, wait (up to `timeout` s) for in-flight ones, then close instances."""

@@ -1,20 +1,18 @@
-"""OpenAI response objects built from the backend's responses: whole answers and stream chunks.
+"""OpenAI response objects built from the data plane's `TextChunk`s: whole answers and stream chunks.
 
-A backend response carries a text delta in `text_output` and parameters `index`, `finish_reason`,
-`num_input_tokens`, `num_output_tokens`, `logprobs` and `prompt_logprobs` (see the LLM tensor protocol).
-A request of several prompts runs one backend request per prompt: choice `prompt * n + index`, as vLLM
+A chunk carries a completion's text delta, its index, finish reason, token counts and typed
+log-probabilities (`modelplex.llm.contract`).
+A request of several prompts runs one generate call per prompt: choice `prompt * n + index`, as vLLM
 numbers them. Echo puts the prompt (and, with logprobs, its log-probabilities) before the output;
 `max_tokens: 0` keeps only that (the one token generated is dropped, as vLLM does).
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..core.tensors import InferResponse
-from .errors import RequestError
+from ..llm.contract import TextChunk, TokenLogprob
 from .tools import ToolPlan, ToolStream, message
 
 
@@ -23,8 +21,8 @@ class Choice:
     text: str = ""
     finish_reason: str | None = None
     num_output_tokens: int = 0
-    logprobs: list[dict] = field(default_factory=list)
-    prompt_logprobs: list[dict] | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None
     tools: ToolStream | None = None
 
 
@@ -34,14 +32,6 @@ class Echo:
 
     prefixes: list[str]
     drop_output: bool = False
-
-
-def text_of(response: InferResponse) -> str:
-    for tensor in response.outputs:
-        if tensor.name == "text_output":
-            value = tensor.data.reshape(-1)[0] if tensor.data.size else b""
-            return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-    raise RequestError("model", f"model '{response.model_name}' answered without a text_output")
 
 
 class Completion:
@@ -59,25 +49,21 @@ class Completion:
                                tools=ToolStream(self.tools) if chat else None) for i in range(n * num_prompts)]
         self.num_prompt_tokens = [0] * num_prompts
 
-    def add(self, response: InferResponse, prompt: int = 0) -> tuple[int, str, list[dict]]:
-        """Record one response; returns its (choice index, text delta, logprob entries)."""
-        params = response.parameters
-        index = prompt * self.n + int(params.get("index", 0))
+    def add(self, chunk: TextChunk, prompt: int = 0) -> tuple[int, str, list[TokenLogprob]]:
+        """Record one chunk; returns its (choice index, text delta, logprob entries)."""
+        index = prompt * self.n + chunk.index
         choice = self.choices[index]
-        delta = text_of(response)
-        entries = json.loads(params["logprobs"]) if "logprobs" in params else []
-        if "prompt_logprobs" in params and choice.prompt_logprobs is None:
-            choice.prompt_logprobs = json.loads(params["prompt_logprobs"])
+        delta, entries = chunk.text, chunk.logprobs or []
+        if chunk.prompt_logprobs is not None and choice.prompt_logprobs is None:
+            choice.prompt_logprobs = chunk.prompt_logprobs
         if self.echo is not None and self.echo.drop_output:
             delta, entries = "", []
         choice.text += delta
         choice.logprobs += entries
-        if "num_input_tokens" in params:
-            self.num_prompt_tokens[prompt] = int(params["num_input_tokens"])
-        if "num_output_tokens" in params:
-            choice.num_output_tokens = int(params["num_output_tokens"])
-        if params.get("finish_reason"):
-            choice.finish_reason = params["finish_reason"]
+        self.num_prompt_tokens[prompt] = chunk.num_prompt_tokens
+        choice.num_output_tokens = chunk.num_output_tokens
+        if chunk.finish_reason:
+            choice.finish_reason = chunk.finish_reason
             if self.echo is not None and self.echo.drop_output:
                 choice.finish_reason, choice.num_output_tokens = "length", 0
         return index, delta, entries
@@ -104,7 +90,7 @@ class Completion:
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": self.usage}
 
-    def _entries(self, choice: Choice) -> list[dict]:
+    def _entries(self, choice: Choice) -> list[TokenLogprob]:
         """Logprob entries of a choice's text: with echo, the prompt's first."""
         if self.echo is not None and choice.prompt_logprobs is not None:
             return [*choice.prompt_logprobs, *choice.logprobs]
@@ -128,15 +114,14 @@ class Completion:
         return [self.chunk([{"index": i, "text": c.text, "logprobs": None, "finish_reason": None}], usage)
                 for i, c in enumerate(self.choices)]
 
-    def delta_chunk(self, response: InferResponse, prompt: int, logprobs: bool, usage: bool,
+    def delta_chunk(self, chunk: TextChunk, prompt: int, logprobs: bool, usage: bool,
                     continuous: bool = False) -> dict | None:
-        """The chunk for one response (None when it carries nothing to send yet); `usage` puts the key in
-        (null), `continuous` the counts so far (vLLM's continuous_usage_stats)."""
-        index = prompt * self.n + int(response.parameters.get("index", 0))
-        choice = self.choices[index]
+        """The OpenAI chunk for one text chunk (None when it carries nothing to send yet); `usage` puts the
+        key in (null), `continuous` the counts so far (vLLM's continuous_usage_stats)."""
+        choice = self.choices[prompt * self.n + chunk.index]
         offset = len(choice.text)
         had_prompt_logprobs = choice.prompt_logprobs is not None
-        _, delta, entries = self.add(response, prompt)
+        index, delta, entries = self.add(chunk, prompt)
         if self.echo is not None and choice.prompt_logprobs is not None and not had_prompt_logprobs:
             entries, offset = [*choice.prompt_logprobs, *entries], 0
         out = {"index": index, "finish_reason": choice.finish_reason,
@@ -152,17 +137,17 @@ class Completion:
             out["text"] = delta
         return self.chunk([out], usage or continuous, self.usage if continuous else None)
 
-    def _logprobs(self, entries: list[dict], offset: int) -> dict:
+    def _logprobs(self, entries: list[TokenLogprob], offset: int) -> dict:
         if self.chat:
-            return {"content": [_chat_logprob(e) | {"top_logprobs": [_chat_logprob(t) for t in e["top_logprobs"]]}
+            return {"content": [_chat_logprob(e) | {"top_logprobs": [_chat_logprob(t) for t in e.top]}
                                 for e in entries]}
         offsets = []
         for entry in entries:
             offsets.append(offset)
-            offset += len(entry["token"])
-        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} if e["logprob"] is not None
-                                 else None for e in entries],
+            offset += len(entry.token)
+        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{t.token: t.logprob for t in e.top} if e.logprob is not None else None
+                                 for e in entries],
                 "text_offset": offsets}
 
 
@@ -173,20 +158,20 @@ def _merge(first: dict, second: dict) -> dict:
     return out
 
 
-def _chat_logprob(entry: dict) -> dict:
-    return {"token": entry["token"], "logprob": entry["logprob"], "bytes": list(entry["token"].encode())}
+def _chat_logprob(entry: TokenLogprob) -> dict:
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": list(entry.token.encode())}
 
 
-def vllm_prompt_logprobs(entries: list[dict]) -> list[dict | None]:
+def vllm_prompt_logprobs(entries: list[TokenLogprob]) -> list[dict | None]:
     """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}}."""
     out = []
     for entry in entries:
-        if entry["logprob"] is None:
+        if entry.logprob is None:
             out.append(None)
             continue
-        found = {str(entry["token_id"]): {"logprob": entry["logprob"], "decoded_token": entry["token"]}}
-        for rank, alt in enumerate(entry["top_logprobs"], 1):
-            found.setdefault(str(alt["token_id"]), {"logprob": alt["logprob"], "decoded_token": alt["token"]})
-            found[str(alt["token_id"])]["rank"] = rank
+        found = {str(entry.token_id): {"logprob": entry.logprob, "decoded_token": entry.token}}
+        for rank, alt in enumerate(entry.top, 1):
+            found.setdefault(str(alt.token_id), {"logprob": alt.logprob, "decoded_token": alt.token})
+            found[str(alt.token_id)]["rank"] = rank
         out.append(found)
     return out

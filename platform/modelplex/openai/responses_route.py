@@ -167,8 +167,8 @@ async def _events(body: ResponsesRequest, rid: str, completion, opened):
     message, text, output, finish = None, "", [], None
     stream = merged(opened)
     try:
-        async for prompt, response in stream:
-            chunk = completion.delta_chunk(response, prompt, False, False)
+        async for prompt, text_chunk in stream:
+            chunk = completion.delta_chunk(text_chunk, prompt, False, False)
             if chunk is None or not chunk["choices"]:
                 continue
             choice = chunk["choices"][0]

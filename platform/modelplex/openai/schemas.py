@@ -217,14 +217,14 @@ class CompletionRequest(SamplingRequest):
         return prompts
 
     def sampling(self) -> dict[str, Any]:
-        if self.best_of not in (None, self.n):
-            raise RequestError("best_of", "best_of other than n is not supported")
         if self.max_tokens == 0 and not self.echo:
             raise RequestError("max_tokens", "max_tokens 0 needs echo: true (prompt scoring)")
         max_tokens = 16 if self.max_tokens is None else self.max_tokens  # OpenAI's default: 16
         values = self.sampling_parameters(max(max_tokens, 1), self.logprobs)  # 0: one token, dropped (vLLM)
         if self.echo and self.logprobs is not None:
             values["prompt_logprobs"] = max(self.logprobs, self.prompt_logprobs or 0)
+        if self.best_of is not None:
+            values["best_of"] = self.best_of  # the data plane's limits check it (only equal to n)
         return values
 
     @property

@@ -77,6 +77,9 @@ def build_parser(pm=None) -> argparse.ArgumentParser:
                         "(each costs ~40 bytes of memory beyond its data)")
     s.add_argument("--max-bytes-element-size", type=int, default=limits.max_bytes_element_size,
                    help="longest BYTES element (e.g. a prompt's text) in bytes")
+    s.add_argument("--max-prompt-bytes", type=int, default=4 << 20, metavar="BYTES",
+                   help="longest prompt of a text-generation request (its text, or a chat's contents), checked "
+                        "before tokenizing, on every route")
     s.add_argument("--max-stream-secs", type=float, default=3600.0,
                    help="a response stream still running after this many seconds ends with an error (0: no limit)")
     s.add_argument("--unload-timeout-secs", type=float, default=30.0,
@@ -171,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         admin_http_port=args.admin_http_port, admin_grpc_port=args.admin_grpc_port,
         plugin_options=plugin_options(pm, args), exit_on_error=args.exit_on_error, access_log=args.access_log,
         grpc_stream_max_inflight=args.grpc_stream_max_inflight, max_request_memory_bytes=args.max_request_memory_bytes,
-        grpc_stream_max_queued_responses=args.grpc_stream_max_queued_responses, **triton)
+        grpc_stream_max_queued_responses=args.grpc_stream_max_queued_responses,
+        max_prompt_bytes=args.max_prompt_bytes, **triton)
     try:
         pm.hook.modelplex_check_settings(settings=settings)
     except ValueError as e:
