@@ -1,13 +1,11 @@
-"""The modelplex `native_gpu` backend in-process: config parameters, execute, stream, bad input."""
+"""The modelplex `native_gpu` backend in-process: config parameters, the generate contract, bad input."""
 import asyncio
-import json
 import os
 
-import numpy as np
 import pytest
 
 modelplex = pytest.importorskip("modelplex")
-from modelplex import InferRequest, InferTensor, InstanceContext, InvalidInput, ModelContext  # noqa: E402
+from modelplex import GenerateInputs, InstanceContext, InvalidInput, ModelContext  # noqa: E402
 from modelplex.models.config import parse_pbtxt  # noqa: E402
 from modelplex_native_gpu import plugin  # noqa: E402
 
@@ -30,12 +28,8 @@ def context(tmp_path, gguf_path, config_text=CONFIG) -> InstanceContext:
     return InstanceContext(model, "llm_0", 0, "CPU")
 
 
-def request(text, params=None, rid="q"):
-    inputs = [InferTensor.from_numpy("text_input", np.array([text.encode()], dtype=np.object_))]
-    if params is not None:
-        inputs.append(InferTensor.from_numpy("sampling_parameters", np.array([json.dumps(params).encode()],
-                                                                             dtype=np.object_)))
-    return InferRequest("llm", inputs, id=rid)
+def inputs(text, sampling=None, rid="q") -> GenerateInputs:
+    return GenerateInputs(text, None, dict(sampling or {}), request_id=rid)
 
 
 def test_backend_spec_and_auto_complete(tmp_path, gguf_path):
@@ -47,27 +41,30 @@ def test_backend_spec_and_auto_complete(tmp_path, gguf_path):
     assert [t.name for t in ictx.model.config.output] == ["text_output"]
 
 
-def test_execute_stream_and_errors(tmp_path, gguf_path):
+def test_generate_and_errors(tmp_path, gguf_path):
     (spec,) = plugin.modelplex_backends()
     instance = spec.create_instance(context(tmp_path, gguf_path))
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     greedy = {"temperature": 0, "max_tokens": 24}
 
-    async def main():
-        (whole, other) = await instance.execute([request(prompt, greedy), request(prompt, {**greedy, "max_tokens": 3})])
-        parts = [r async for r in instance.stream(request(prompt, greedy))]
-        with pytest.raises(InvalidInput, match="top_p"):
-            await instance.execute([request(prompt, {"top_p": 0})])
-        with pytest.raises(InvalidInput, match="nonsense"):
-            await instance.execute([request(prompt, {"nonsense": 1})])
-        await instance.close()
-        return whole, other, parts
+    async def chunks(sampling):
+        return [c async for c in instance.generate(inputs(prompt, sampling))]
 
-    whole, other, parts = asyncio.run(main())
-    assert whole.outputs[0].data[0] == b"The capital of France is Paris."
-    assert whole.parameters == {"finish_reason": "stop", "num_input_tokens": 16, "num_output_tokens": 8}
-    assert other.parameters == {"finish_reason": "length", "num_input_tokens": 16, "num_output_tokens": 3}
-    assert b"".join(p.outputs[0].data[0] for p in parts) == b"The capital of France is Paris." and len(parts) > 2
+    async def main():
+        whole, other = await asyncio.gather(chunks(greedy), chunks({**greedy, "max_tokens": 3}))
+        with pytest.raises(InvalidInput, match="top_p"):
+            await chunks({"top_p": 0})
+        with pytest.raises(InvalidInput, match="nonsense"):
+            await chunks({"nonsense": 1})
+        await instance.close()
+        return whole, other
+
+    whole, other = asyncio.run(main())
+    assert "".join(c.text for c in whole) == "The capital of France is Paris." and len(whole) > 2
+    assert sum(len(c.token_ids) for c in whole) == 8 and all(c.finish_reason is None for c in whole[:-1])
+    assert (whole[-1].finish_reason, whole[-1].num_prompt_tokens, whole[-1].num_output_tokens) == ("stop", 16, 8)
+    assert (other[-1].finish_reason, other[-1].num_prompt_tokens, other[-1].num_output_tokens) == ("length", 16, 3)
+    assert whole[0].phases is not None and [p[0] for p in whole[0].phases] == ["engine queue", "prefill"]
 
 
 def test_unknown_parameter_is_rejected(tmp_path, gguf_path):
