@@ -17,7 +17,7 @@ import openai
 import pytest
 
 import modelplex
-from modelplex import BackendSpec, InferResponse, InferTensor, InvalidInput, ModelInstance
+from modelplex import BackendSpec, InvalidInput, ModelInstance, TextChunk
 from modelplex.core.plugins import create_plugin_manager
 from modelplex.core.settings import ServerConfig
 from modelplex.server.assembly import Server
@@ -33,27 +33,16 @@ output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
 
 
 class EchoInstance(ModelInstance):
-    """Answers `<adapter or base>:<text_input>`; no adapter support."""
+    """Answers `<adapter or base>:<prompt>` through the typed LLM contract (`generate`); no adapter support."""
 
     max_concurrency = 8
 
     def __init__(self, ictx):
         self.model = ictx.model.name
 
-    def answer(self, request) -> InferResponse:
-        import numpy as np
-
-        text = request.input("text_input").data.reshape(-1)[0].decode()
-        lora = request.parameters.get("lora") or "base"
-        out = InferTensor.from_numpy("text_output", np.array([f"{lora}:{text}".encode()], dtype=np.object_))
-        return InferResponse(self.model, "1", [out], parameters={"finish_reason": "stop", "num_input_tokens": 1,
-                                                                 "num_output_tokens": 1})
-
-    async def execute(self, requests):
-        return [self.answer(r) for r in requests]
-
-    async def stream(self, request):
-        yield self.answer(request)
+    async def generate(self, inputs):
+        yield TextChunk(f"{inputs.lora or 'base'}:{inputs.text}", [0], finish_reason="stop", num_prompt_tokens=1,
+                        num_output_tokens=1)
 
 
 class AdapterEchoInstance(EchoInstance):
