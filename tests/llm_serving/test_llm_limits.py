@@ -49,12 +49,23 @@ def slowest_liveness(base_url: str, work) -> float:
     return probe.slowest
 
 
+@pytest.fixture(scope="module")
+def quiet_server(base_url) -> str:
+    """The server once liveness answers within 100 ms for a whole second (right after its load it
+    stalls now and then, with or without requests), for up to a minute."""
+    deadline = time.monotonic() + 60
+    while slowest_liveness(base_url, lambda: time.sleep(1.0)) >= 0.1 and time.monotonic() < deadline:
+        pass
+    return base_url
+
+
 @pytest.mark.parametrize("path, body, field", [
     ("/v1/completions", {"model": MODEL, "prompt": HUGE, "max_tokens": 1}, "prompt"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": HUGE}]}, "messages"),
     (f"/v2/models/{MODEL}/generate", {"text_input": HUGE, "max_tokens": 1}, "text_input"),
 ])
-def test_a_huge_prompt_is_refused_while_liveness_stays_fast(base_url, path, body, field):
+def test_a_huge_prompt_is_refused_while_liveness_stays_fast(quiet_server, path, body, field):
+    base_url = quiet_server
     payload = json.dumps(body).encode()  # encoded before the probe starts: no GIL-bound work beside it
     answers = []
     with httpx.Client(timeout=60) as http:
@@ -62,11 +73,12 @@ def test_a_huge_prompt_is_refused_while_liveness_stays_fast(base_url, path, body
             answers.append(http.post(f"{base_url}{path}", content=payload,
                                      headers={"content-type": "application/json"}))
 
-        for _ in range(3):  # a stall the same probe also sees without the request is this busy machine's
-            slowest = slowest_liveness(base_url, send)
-            if slowest < 0.1 or slowest_liveness(base_url, lambda: time.sleep(0.3)) < 0.1:
-                break
-    assert slowest < 0.1, slowest
+        # Up to 3 tries: on this shared 2-core machine any process stalls for ~0.5 s now and then, with
+        # or without requests; work the request puts on the event loop would stall every try.
+        slowest = []
+        while len(slowest) < 3 and min(slowest, default=1) >= 0.1:
+            slowest.append(slowest_liveness(base_url, send))
+    assert min(slowest) < 0.1, slowest
     for answer in answers:
         assert answer.status_code == 400, answer.text
         error = answer.json()["error"]
@@ -135,3 +147,15 @@ def test_an_openai_call_counts_in_the_models_statistics(base_url, client):
     client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
     assert inference_count() == before + 2
+
+
+def test_n_counts_against_the_queue_as_n_sequences(base_url, client, idle_engine):
+    """The test server runs 2 sequences with 1 waiting at most: n=4 on an idle engine would leave 2
+    waiting, so it is refused at once; n=3 leaves 1 and runs."""
+    import openai
+
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, n=4, temperature=0.8)
+    assert refused.value.response.headers["retry-after"] == "1"
+    answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, n=3, temperature=0.8)
+    assert sorted(c.index for c in answer.choices) == [0, 1, 2]
