@@ -95,6 +95,7 @@ def test_a_huge_prompt_is_refused_while_liveness_stays_fast(quiet_server, path, 
     ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ({"stop": ["x"] * 65}, "stop"),
     ({"stop": ["x" * 2000]}, "stop"),
+    ({"text_input": ""}, "text_input"),
 ])
 def test_generate_refuses_what_is_over_a_limit_at_once(base_url, fields, param):
     t0 = time.monotonic()

@@ -1,6 +1,7 @@
 """What one generate request may ask for, checked by the data plane before any work (no tokenizing,
-no queueing): prompt bytes, completions (`n`, `best_of`), log-probabilities and stop strings. Each
-refusal is InvalidInput naming the field, as every door reports it (400)."""
+no queueing): a prompt neither empty nor over its bytes, completions (`n`, `best_of`),
+log-probabilities and stop strings. Each refusal is InvalidInput naming the field, as every door
+reports it (400)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class GenerateLimits:
             size, field = sum(len(m["content"].encode()) for m in inputs.chat.messages), "messages"
         else:
             return  # token ids: the backend checks them against the context length
+        if size == 0 and inputs.chat is None:
+            raise InvalidInput(f"{field}: the prompt is empty", param=field)
         if size > self.max_prompt_bytes:
             raise InvalidInput(f"{field}: the prompt is {size} bytes; the server's limit is {self.max_prompt_bytes} "
                                "(--max-prompt-bytes)", param=field)

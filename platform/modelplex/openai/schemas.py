@@ -210,7 +210,7 @@ class CompletionRequest(SamplingRequest):
             prompts = [prompt]
         else:
             prompts = list(prompt)
-        if not prompts or any(not p for p in prompts):
+        if not prompts:  # an empty one is refused by the data plane's limits (every route)
             raise RequestError("prompt", "prompts must not be empty")
         if len(prompts) > MAX_PROMPTS:
             raise RequestError("prompt", f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
