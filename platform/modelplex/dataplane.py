@@ -180,12 +180,19 @@ class DataPlane:
     # ---- text generation (the typed LLM contract, `llm.contract`) -----------------------------
     async def generate(self, model: str, version: str, inputs: GenerateInputs) -> AsyncIterator[TextChunk]:
         """A text-generation model's chunks for `inputs`: the adapter and the limits checked first
-        (InvalidInput naming the field), then admitted, counted and traced as every stream is."""
+        (InvalidInput naming the field), then admitted, counted and traced as every stream is. A model
+        without `generate` gets the tensor form (`tensor_adapter.tensor_request`)."""
         if not self.accepting:
             raise Unavailable("server is shutting down")
         mv = self.manager.get(model, version)
-        if not mv.generates_text:
-            raise InvalidInput(f"model '{model}' does not generate text", param="model")
+        if not mv.generates_text:  # a model speaking only the tensor form (a Python-backend LLM)
+            self.generate_limits.check(inputs)
+            declared = {t["name"] for t in self.model_metadata(model, version)["inputs"]}
+            request = tensor_adapter.tensor_request(inputs, model, version, declared, mv.config.max_batch_size > 0)
+            async with contextlib.aclosing(self.stream(request)) as responses:
+                async for response in responses:
+                    yield tensor_adapter.text_chunk(response)
+            return
         async with contextlib.aclosing(self._generate(mv, inputs)) as chunks:
             async for chunk in chunks:
                 yield chunk

@@ -2,19 +2,30 @@
 tensor request becomes `GenerateInputs`, and `TextChunk`s become protocol responses (`text_output` and
 response parameters; a Triton vLLM-backend model's flag tensors add its output tensors, see
 `vllm_tensors`). Used by the data plane for every tensor door (HTTP infer, gRPC infer and stream,
-the generate extension), so tritonclient users keep the wire form they know.
+the generate extension), so tritonclient users keep the wire form they know. The other way round,
+a model that speaks only the tensor form (a Python-backend LLM) serves `DataPlane.generate` through
+`tensor_request` and `text_chunk`.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
 
 from ..core.errors import InvalidInput
-from ..core.tensors import InferRequest, InferResponse
+from ..core.tensors import InferRequest, InferResponse, InferTensor
+from ..models.adapters import LORA_PARAMETER
 from .contract import TextChunk, TokenLogprob
-from .tensor_protocol import USAGE_PARAMETER, GenerateInputs, read_generate_inputs, text_response
+from .tensor_protocol import (
+    TOKEN_IDS_PARAMETER,
+    USAGE_PARAMETER,
+    GenerateInputs,
+    read_generate_inputs,
+    text_response,
+)
 from .vllm_tensors import VllmFlags, is_vllm_model
 
 
@@ -130,3 +141,51 @@ def _token(entry: TokenLogprob, with_id: bool) -> dict:
     if with_id:
         return {"token": entry.token, "token_id": entry.token_id, "logprob": entry.logprob}
     return {"token": entry.token, "logprob": entry.logprob}
+
+
+# ---- the other way: a model that speaks only the tensor form (a Python-backend LLM) ------------
+def tensor_request(inputs: GenerateInputs, model: str, version: str, declared: set[str],
+                   batching: bool) -> InferRequest:
+    """`inputs` as the tensor form's request, for a model without `generate`: one-element BYTES tensors
+    (a batch dimension when the model batches); Triton's vLLM-backend `stream` and
+    `exclude_input_in_output` true where declared (deltas without the prompt, as Triton's OpenAI
+    frontend sends them); token counts on every response."""
+    shape = (1, 1) if batching else (1,)
+    tensors = [_bytes("sampling_parameters", json.dumps(inputs.sampling), shape)]
+    parameters: dict = {USAGE_PARAMETER: True}
+    if inputs.chat is not None:
+        tensors.append(_bytes("messages", json.dumps(asdict(inputs.chat)), shape))
+    elif inputs.prompt_token_ids is not None:
+        parameters[TOKEN_IDS_PARAMETER] = json.dumps(inputs.prompt_token_ids)
+    else:
+        tensors.append(_bytes("text_input", inputs.text or "", shape))
+    for flag in ("stream", "exclude_input_in_output"):
+        if flag in declared:
+            tensors.append(InferTensor.from_numpy(flag, np.array([True]).reshape(shape)))
+    if inputs.lora:
+        parameters[LORA_PARAMETER] = inputs.lora
+    return InferRequest(model, tensors, version, inputs.request_id, parameters=parameters)
+
+
+def text_chunk(response: InferResponse) -> TextChunk:
+    """One tensor-form response as a chunk (its `text_output` and response parameters)."""
+    params = response.parameters
+    text = next((t.data.reshape(-1)[0] for t in response.outputs if t.name == "text_output" and t.data.size), b"")
+    chunk = TextChunk(text.decode(errors="replace") if isinstance(text, bytes) else str(text),
+                      index=int(params.get("index", 0)), finish_reason=params.get("finish_reason") or None,
+                      num_prompt_tokens=int(params.get("num_input_tokens", 0)),
+                      num_output_tokens=int(params.get("num_output_tokens", 0)))
+    if "logprobs" in params:
+        chunk.logprobs = [_entry(e) for e in json.loads(params["logprobs"])]
+    if "prompt_logprobs" in params:
+        chunk.prompt_logprobs = [_entry(e) for e in json.loads(params["prompt_logprobs"])]
+    return chunk
+
+
+def _entry(entry: dict) -> TokenLogprob:
+    return TokenLogprob(entry["token"], entry["logprob"], entry.get("token_id"),
+                        tuple(_entry(t) for t in entry.get("top_logprobs", ())))
+
+
+def _bytes(name: str, text: str, shape: tuple) -> InferTensor:
+    return InferTensor.from_numpy(name, np.array([text.encode()], dtype=np.object_).reshape(shape))
