@@ -194,9 +194,12 @@ class EngineProcessClient:
         self._outbox.put(None)
         try:
             await asyncio.to_thread(self.proc.join, timeout)
-        finally:
             if self.proc.exitcode is None:
                 log.warning("engine process %d did not stop within %.0f s; killed", self.pid, timeout)
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.join, timeout)
+        finally:
+            if self.proc.exitcode is None:  # cancelled meanwhile
                 self.proc.kill()
             self._fail_all("the engine was shut down")
 
