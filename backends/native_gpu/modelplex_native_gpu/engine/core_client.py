@@ -203,16 +203,6 @@ class EngineProcessClient:
                 self.proc.kill()
             self._fail_all("the engine was shut down")
 
-    def shutdown(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """`close` for callers without an event loop (tests, benchmarks)."""
-        self._closing = True
-        self._post(("stop",))
-        self._outbox.put(None)
-        self.proc.join(timeout)
-        if self.proc.exitcode is None:
-            self.proc.kill()
-            self.proc.join()
-
     # ------------------------------------------------------------------ on the event loop
 
     def _check_running(self) -> None:
