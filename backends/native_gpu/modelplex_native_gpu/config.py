@@ -48,6 +48,9 @@ class EngineConfig:
     max_loras: int = 0
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters kept in host memory; None: max(4 * max_loras, 16)
+    # Serve from a process of the engine's own (engine/core_client.py), or from a thread of the server's
+    # (engine/async_engine.py; tests and benchmarks). LLMEngine itself ignores it.
+    engine_process: bool = True
 
     DEFAULT_CPU_KV_BYTES = 1 << 30
     DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 256}

@@ -12,7 +12,10 @@ class InvalidRequestError(EngineError, ValueError):
 
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
-        self.field = field
+        self.field, self.reason = field, message
+
+    def __reduce__(self):  # pickled to cross to the server from the engine process
+        return type(self), (self.field, self.reason)
 
 
 class InvalidConfigError(EngineError, ValueError):
@@ -20,7 +23,10 @@ class InvalidConfigError(EngineError, ValueError):
 
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
-        self.field = field
+        self.field, self.reason = field, message
+
+    def __reduce__(self):  # pickled to cross to the server from the engine process
+        return type(self), (self.field, self.reason)
 
 
 class ModelLoadError(EngineError):
@@ -29,3 +35,8 @@ class ModelLoadError(EngineError):
 
 class AdapterNotFoundError(EngineError):
     """A request names a LoRA adapter the engine does not (or no longer) serve."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine stopped (its process died, a step failed, or it was shut down): what was in flight
+    fails with this, and so does every later request."""

@@ -1,8 +1,9 @@
-"""The modelplex ModelInstance over an AsyncLLMEngine: `GenerateInputs` in, `TextChunk`s out (the host
-adapts the KServe tensor form onto them).
+"""The modelplex ModelInstance over the engine (engine/launch.py): `GenerateInputs` in, `TextChunk`s out (the
+host adapts the KServe tensor form onto them).
 
 Config `parameters` are EngineConfig fields plus `max_queue_size` (requests waiting for a batch
-slot, default 256): beyond it a request is refused at once with Unavailable (503 / 429).
+slot, default 256): beyond it a request is refused at once with Unavailable (503 / 429). The engine runs in
+a process of its own unless `engine_process` is false; if it dies, the version turns UNAVAILABLE until reloaded.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from modelplex import (
     EngineStats,
     GenerateInputs,
     InstanceContext,
+    InternalError,
     InvalidInput,
     LLMMetrics,
     ModelContext,
@@ -36,7 +38,7 @@ from .chat_template import render_chat
 from .config import EngineConfig
 from .engine.outputs import RequestOutput
 from .engine.structured_output import constraint_field
-from .errors import AdapterNotFoundError, EngineError
+from .errors import AdapterNotFoundError, EngineDeadError, EngineError
 from .protocol import GenerateCall, parse_inputs, text_chunk
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,6 @@ HOST_PARAMETERS = (QUEUE_SIZE_PARAMETER, LORA_MODULES_PARAMETER, CHAT_TEMPLATE_P
 DEFAULT_MAX_QUEUE_SIZE = 256
 RETRY_AFTER_SECONDS = 1.0
 SLOT_HEADROOM = 16
-UNLOAD_POLL_SECONDS = 0.05
 
 
 def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
@@ -75,7 +76,8 @@ def engine_config(ctx: ModelContext, device: str | None) -> EngineConfig:
                 settings[key] = int(value)
             elif key == "gpu_memory_utilization":
                 settings[key] = float(value)
-            elif key in ("enable_prefix_caching", "adaptive_threads", "enforce_eager", "quantized_weights"):
+            elif key in ("enable_prefix_caching", "adaptive_threads", "enforce_eager", "quantized_weights",
+                         "engine_process"):
                 settings[key] = params.parse_bool(value, f"parameter '{key}'")
             else:
                 settings[key] = value
@@ -159,11 +161,7 @@ class LLMInstance(ModelInstance):
     """
 
     def __init__(self, ictx: InstanceContext):
-        from .engine.async_engine import AsyncLLMEngine
-        from .engine.llm_engine import LLMEngine
-        from .engine.structured_output import preload
-
-        preload()  # here, not on a request's thread (see preload)
+        from .engine.launch import start_engine
 
         device = "cuda:%d" % ictx.device_id if ictx.kind == "GPU" else ("cpu" if ictx.kind == "CPU" else None)
         self.max_queue_size = max_queue_size(ictx.model)
@@ -171,7 +169,7 @@ class LLMInstance(ModelInstance):
         template = chat_template(ictx.model)
         config = engine_config(ictx.model, device)
         try:
-            self.engine = AsyncLLMEngine(LLMEngine(config, on_progress=ictx.report_progress))
+            self.engine = start_engine(config, ictx.report_progress, ictx.report_failure, ictx.cancel)
         except EngineError as exc:
             raise InvalidInput(f"model '{ictx.model.name}': {exc}") from None
         if template is not None and self.engine.tokenizer is not None:
@@ -182,6 +180,7 @@ class LLMInstance(ModelInstance):
         # More host slots than the engine runs plus queues: the bound that refuses is ours, never
         # an unbounded wait for a host slot (the headroom covers refusals and streams closing).
         self.max_concurrency = config.max_num_seqs + self.max_queue_size + SLOT_HEADROOM
+        self.block_size = config.block_size
 
     async def generate(self, inputs: GenerateInputs) -> AsyncIterator[TextChunk]:
         """The request's chunks: one per engine output that adds text, log-probabilities or a finish
@@ -203,8 +202,7 @@ class LLMInstance(ModelInstance):
                 yield chunk
 
     def _parse(self, inputs: GenerateInputs) -> GenerateCall:
-        return parse_inputs(inputs, self.engine.tokenizer, self.engine.engine.max_model_len,
-                            self.engine.engine.vocab_size)
+        return parse_inputs(inputs, self.engine.tokenizer, self.engine.max_model_len, self.engine.vocab_size)
 
     def _check_queue(self, n: int) -> None:
         """A request's n completions count as n sequences: refused (Unavailable) when those that cannot
@@ -218,17 +216,15 @@ class LLMInstance(ModelInstance):
 
     async def _generate(self, inputs: GenerateInputs, call: GenerateCall):
         lora = inputs.lora or None  # the host has checked it is loaded
-        if lora is not None and not self._loras().is_cached(lora):
-            await asyncio.to_thread(self._loras().prefetch, lora)  # a disk read, never on the engine loop
+        if lora is not None:
+            self._check_lora()
+            await self.engine.lora_prefetch(lora)  # a disk read, never on the engine loop
         self._check_queue(call.params.n)
         request_id = f"{inputs.request_id or 'req'}-{next(_request_ids)}"
         timer = self.llm_metrics.timer(lora or "")
         try:
-            if call.params.constraint is not None:
-                # Compile (or validate) off the event loop and the engine thread; the engine's add then
-                # finds the grammar in xgrammar's cache.
-                await asyncio.to_thread(self.engine.engine.structured_outputs.compile, call.params.constraint,
-                                        constraint_field(call.params))
+            if call.params.constraint is not None:  # compiled off the event loop and the engine's steps
+                await self.engine.compile_constraint(call.params.constraint, constraint_field(call.params))
             stream = self.engine.generate(request_id, call.prompt_ids, call.params, lora=lora, priority=call.priority)
             async with contextlib.aclosing(stream):
                 async for output in stream:
@@ -239,24 +235,21 @@ class LLMInstance(ModelInstance):
             raise NotFound(str(exc)) from None
         except EngineError as exc:  # raised on the first step of the stream, before any output
             raise InvalidInput(str(exc), param=exc.field) from None
+        except EngineDeadError as exc:  # its process died (the version is UNAVAILABLE now) or it was shut down
+            raise InternalError(f"model '{self.model[0]}': {exc}") from None
 
     # ---- LoRA adapters (modelplex_multilora; the host has checked names and paths) -------------
-    def _loras(self):
-        lora = self.engine.engine.lora
-        if lora is None:
+    def _check_lora(self) -> None:
+        if not self.engine.has_lora:
             raise Unsupported(f"model '{self.model[0]}' was loaded without LoRA support: set its parameter max_loras")
-        return lora.manager
 
     async def load_adapter(self, name: str, path) -> None:
-        manager = self._loras()
-        await asyncio.to_thread(manager.register, name, path)
+        self._check_lora()
+        await self.engine.lora_register(name, path)
 
     async def unload_adapter(self, name: str) -> None:
-        manager = self._loras()
-        adapter = manager.begin_unload(name)
-        while adapter.num_pins:  # requests in flight (running or waiting) finish with it
-            await asyncio.sleep(UNLOAD_POLL_SECONDS)
-        manager.finish_unload(adapter)
+        self._check_lora()
+        await self.engine.lora_unload(name)  # requests in flight (running or waiting) finish with it
 
     async def tokenize(self, inputs: GenerateInputs, add_special_tokens: bool = False) -> list[int]:
         """The prompt's token ids as a request would run them (chat template applied), off the event loop."""
@@ -270,26 +263,26 @@ class LLMInstance(ModelInstance):
         return await asyncio.to_thread(run)
 
     async def detokenize(self, token_ids: list[int]) -> str:
-        if any(not 0 <= t < self.engine.engine.vocab_size for t in token_ids):
-            raise InvalidInput(f"tokens: token ids must be in [0, {self.engine.engine.vocab_size})", param="tokens")
+        if any(not 0 <= t < self.engine.vocab_size for t in token_ids):
+            raise InvalidInput(f"tokens: token ids must be in [0, {self.engine.vocab_size})", param="tokens")
         return await asyncio.to_thread(self.engine.tokenizer.decode, token_ids)
 
     def list_adapters(self) -> list[dict]:
-        lora = self.engine.engine.lora
-        return [] if lora is None else lora.manager.rows()
+        return self.engine.lora_rows()
 
     def engine_stats(self) -> EngineStats:
-        """Scheduler and KV-cache occupancy (the engine_stats route, the LLM metrics, tests)."""
-        engine = self.engine.engine
-        kv = engine.kv_cache_manager
+        """Scheduler and KV-cache occupancy (the engine_stats route, the LLM metrics, tests); in process mode,
+        as of the engine's last step, with its pid in `extra`."""
+        stats = self.engine.stats()
+        extra = {"prefix_cache_hit_rate": stats["prefix_cache_hit_rate"]}
+        if self.engine.pid is not None:
+            extra["engine_pid"] = self.engine.pid
         return EngineStats(
-            num_running=len(engine.scheduler.running), num_waiting=self.engine.num_waiting,
-            max_queue_size=self.max_queue_size, num_blocks=engine.runner.num_blocks,
-            num_free_blocks=kv.num_free_blocks, num_prefix_queries=kv.num_prefix_queries,
-            num_prefix_hits=kv.num_prefix_hits, num_preemptions=engine.scheduler.num_preemptions,
-            lora=engine.lora.stats(engine.scheduler) if engine.lora is not None else None,
-            max_model_len=engine.max_model_len, block_size=engine.config.block_size,
-            extra={"prefix_cache_hit_rate": kv.prefix_cache_hit_rate})
+            num_running=stats["num_running"], num_waiting=stats["num_waiting"], max_queue_size=self.max_queue_size,
+            num_blocks=stats["num_blocks"], num_free_blocks=stats["num_free_blocks"],
+            num_prefix_queries=stats["num_prefix_queries"], num_prefix_hits=stats["num_prefix_hits"],
+            num_preemptions=stats["num_preemptions"], lora=stats["lora"], max_model_len=self.engine.max_model_len,
+            block_size=self.block_size, extra=extra)
 
     async def close(self) -> None:
-        self.engine.shutdown()
+        await self.engine.close()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -185,8 +187,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import uvloop
     except ImportError:
-        sys.exit(asyncio.run(serve(settings, args.port_file, pm)))
-    sys.exit(uvloop.run(serve(settings, args.port_file, pm)))
+        code = asyncio.run(serve(settings, args.port_file, pm))
+    else:
+        code = uvloop.run(serve(settings, args.port_file, pm))
+    # `serve` has stopped everything. Leave without the interpreter's finalization: with torch loaded it took
+    # 4-5 s on a busy 2-core machine (past the grace SIGTERM promises), and an engine thread still inside a
+    # step would run on meanwhile.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

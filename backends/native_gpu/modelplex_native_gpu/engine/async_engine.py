@@ -5,6 +5,8 @@ in an inbox and wake the thread, which drains the inbox between steps. So an abo
 request's KV blocks within one engine step, and an add starts at the next step. A request the
 engine refuses (bad input) fails its stream with the typed error before any output. Outputs cross
 to the caller's event loop with call_soon_threadsafe. Leaving a stream early aborts the request.
+The in-process mode of the engine (`EngineConfig.engine_process` false; core_client.py is the other):
+`close` never joins the thread on the event loop, and a thread stuck in a step is left behind (daemon).
 """
 from __future__ import annotations
 
@@ -12,16 +14,18 @@ import asyncio
 import collections
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ..config import EngineConfig
-from ..errors import EngineError, InvalidRequestError
+from ..errors import EngineDeadError, EngineError, InvalidRequestError
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 3.0  # for the thread to leave once told to stop (it does between two steps)
+UNLOAD_POLL_S = 0.05
 
 
 @dataclass
@@ -46,8 +50,12 @@ class AsyncLLMEngine:
     engine thread alone touches the LLMEngine, and adds a queued request only while its stream exists
     (so an abort that overtakes its own add leaves nothing running)."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, on_failure: Callable[[str], None] | None = None):
         self.engine = engine
+        self._on_failure = on_failure or (lambda reason: None)
+        self.max_model_len, self.vocab_size = engine.max_model_len, engine.vocab_size
+        self.has_lora = engine.lora is not None
+        self.pid = None  # the engine runs in this process
         self._streams: dict[str, _Stream] = {}
         self._new_requests: collections.deque[_NewRequest] = collections.deque()  # deques are thread-safe
         self._aborts: collections.deque[str] = collections.deque()
@@ -111,7 +119,7 @@ class AsyncLLMEngine:
 
     def _check_running(self) -> None:
         if self._error is not None or self._stopped:
-            raise RuntimeError("engine is not running") from self._error
+            raise EngineDeadError("the engine is not running" + (f": {self._error!r}" if self._error else ""))
 
     def abort(self, request_id: str) -> None:
         """Stop delivering at once; the engine frees the request's blocks before its next step."""
@@ -119,10 +127,48 @@ class AsyncLLMEngine:
             self._aborts.append(request_id)
             self._wakeup.set()
 
-    def shutdown(self) -> None:
+    def stats(self) -> dict:
+        return {**self.engine.stats(), "num_waiting": self.num_waiting}
+
+    async def compile_constraint(self, constraint: dict, field_name: str) -> None:
+        """Compile (or refuse, naming `field_name`) a structured-output constraint, off the event loop and
+        the engine thread; the engine's add then finds the grammar in xgrammar's cache."""
+        await asyncio.to_thread(self.engine.structured_outputs.compile, constraint, field_name)
+
+    async def lora_register(self, name: str, path) -> None:
+        await asyncio.to_thread(self.engine.lora.manager.register, name, path)
+
+    async def lora_prefetch(self, name: str) -> None:
+        """Bring an adapter back into host memory (a disk read, never on the engine loop)."""
+        if not self.engine.lora.manager.is_cached(name):
+            await asyncio.to_thread(self.engine.lora.manager.prefetch, name)
+
+    async def lora_unload(self, name: str) -> None:
+        """Refuse new requests for `name` now; returns once its requests in flight have finished."""
+        manager = self.engine.lora.manager
+        adapter = manager.begin_unload(name)
+        while adapter.num_pins:
+            await asyncio.sleep(UNLOAD_POLL_S)
+        manager.finish_unload(adapter)
+
+    def lora_rows(self) -> list[dict]:
+        return [] if self.engine.lora is None else self.engine.lora.manager.rows()
+
+    async def close(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop the thread between two steps, waiting up to `timeout` off the event loop; a thread still in
+        a step after that is left to finish it (a daemon: it does not hold the process's exit)."""
         self._stopped = True
         self._wakeup.set()
-        self._thread.join()
+        await asyncio.to_thread(self._thread.join, timeout)
+        if self._thread.is_alive():
+            logger.warning("engine thread still in a step %.0f s after stop; leaving it", timeout)
+        self._fail_streams(EngineDeadError("the engine was shut down"))
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """`close` for callers without an event loop (tests, benchmarks)."""
+        self._stopped = True
+        self._wakeup.set()
+        self._thread.join(timeout)
 
     # ------------------------------------------------------------------ the engine thread
 
@@ -167,6 +213,10 @@ class AsyncLLMEngine:
 
     def _fail_all(self, exc: BaseException):
         self._error = exc  # set first: an add racing with this sees it (see _add)
+        self._on_failure(f"engine step failed: {exc!r}")
+        self._fail_streams(exc)
+
+    def _fail_streams(self, exc: BaseException):
         for request_id in list(self._streams):
             stream = self._streams.pop(request_id, None)
             if stream is not None:

@@ -300,6 +300,10 @@ class LLMEngine:
         return [[final[rid][i] for i in sorted(final[rid])] for rid in ids]
 
     def stats(self) -> dict:
-        kv = self.kv_cache_manager
-        return {"num_free_blocks": kv.num_free_blocks, "num_blocks": self.runner.num_blocks,
-                "prefix_cache_hit_rate": kv.prefix_cache_hit_rate, "num_preemptions": self.scheduler.num_preemptions}
+        """Occupancy and counters (EngineStats' fields; readable from another thread while the engine steps)."""
+        kv, scheduler = self.kv_cache_manager, self.scheduler
+        return {"num_running": len(scheduler.running), "num_waiting": len(scheduler.waiting),
+                "num_blocks": self.runner.num_blocks, "num_free_blocks": kv.num_free_blocks,
+                "num_prefix_queries": kv.num_prefix_queries, "num_prefix_hits": kv.num_prefix_hits,
+                "prefix_cache_hit_rate": kv.prefix_cache_hit_rate, "num_preemptions": scheduler.num_preemptions,
+                "lora": self.lora.stats(scheduler) if self.lora is not None else None}
