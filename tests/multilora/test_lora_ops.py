@@ -37,10 +37,12 @@ def mapping_for(request_slots, tokens, dtype=torch.float32, device="cpu"):
 
 @pytest.mark.parametrize("ops", [reference, cpu], ids=["reference", "cpu"])
 @pytest.mark.parametrize("rank", [8, 5])
-@pytest.mark.parametrize("request_slots", [[-1, 0, 2, 1, -1], [1, 1, -1], [0]], ids=["mixed", "prefix", "one"])
-def test_ops_match_a_per_token_loop(ops, rank, request_slots):
+@pytest.mark.parametrize("request_slots,tokens", [([-1, 0, 2, 1, -1], [3, 1, 2, 1, 4]), ([1, 1, -1], [3, 1, 2]),
+                                                  ([0], [3]), ([2, -1, 0, 2], [9, 2, 1, 4]), ([2], [1])],
+                         ids=["mixed", "prefix", "one", "uneven", "last-slot"])
+def test_ops_match_a_per_token_loop(ops, rank, request_slots, tokens):
+    """"uneven": one slot's prefill spans several of the CPU ops' pieces; "last-slot": slots 0 and 1 are empty."""
     lora_a, lora_b = stacks(3, rank)
-    tokens = [3, 1, 2, 1, 4][:len(request_slots)]
     mapping = mapping_for(request_slots, tokens)
     assert mapping.num_slots == max(request_slots) + 1
     g = torch.Generator().manual_seed(1)
