@@ -57,17 +57,19 @@ class LoRAGroups:
 class LoRAMapping:
     """`token_slots[t]` is token t's slot (-1: no adapter). `slot_onehot[t, s]` is 1.0 where token t
     uses slot s, for the first `num_slots` slots (every slot in use sits below it); the torch reference
-    ops use the one-hot form, the CPU ops `groups`, the Triton kernels the slot ids."""
+    ops use the one-hot form, the CPU ops `groups`, the Triton kernels the slot ids. `max_rank`: no adapter
+    of the step has a higher rank (the stacks' ranks beyond it are zero padding the CPU ops skip), or None."""
 
     token_slots: torch.Tensor  # [T] int32
     slot_onehot: torch.Tensor  # [T, num_slots], the compute dtype
     num_slots: int
     slots: frozenset[int]  # the slots some token uses
     groups: LoRAGroups
+    max_rank: int | None = None
 
     @classmethod
     def build(cls, request_slots: list[int], num_tokens: list[int], dtype: torch.dtype,
-              device: torch.device) -> LoRAMapping | None:
+              device: torch.device, max_rank: int | None = None) -> LoRAMapping | None:
         """From each request's slot and scheduled token count; None when no request has an adapter
         (the layers then skip LoRA entirely)."""
         num_slots = max(request_slots, default=-1) + 1
@@ -79,4 +81,4 @@ class LoRAMapping:
         onehot[torch.arange(len(token_slots)), token_slots.long()] = 1  # -1 lands in the extra last column
         groups = LoRAGroups.build(token_slots, num_slots, dtype)
         return cls(token_slots.to(device), onehot[:, :num_slots].contiguous().to(device), num_slots,
-                   frozenset(request_slots) - {-1}, groups.to(device))
+                   frozenset(request_slots) - {-1}, groups.to(device), max_rank)
