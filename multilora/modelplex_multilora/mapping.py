@@ -48,23 +48,20 @@ class LoRAGroups:
         return cls(rows.view(-1), mask, None if piece_slots is None else torch.tensor(piece_slots), num_pieces,
                    piece_size)
 
-    def to(self, device: torch.device) -> LoRAGroups:
-        slots = None if self.piece_slots is None else self.piece_slots.to(device)
-        return LoRAGroups(self.rows.to(device), self.mask.to(device), slots, self.num_pieces, self.piece_size)
-
 
 @dataclass
 class LoRAMapping:
     """`token_slots[t]` is token t's slot (-1: no adapter). `slot_onehot[t, s]` is 1.0 where token t
     uses slot s, for the first `num_slots` slots (every slot in use sits below it); the torch reference
-    ops use the one-hot form, the CPU ops `groups`, the Triton kernels the slot ids. `max_rank`: no adapter
-    of the step has a higher rank (the stacks' ranks beyond it are zero padding the CPU ops skip), or None."""
+    ops use the one-hot form, the CPU ops `groups` (None on CUDA), the Triton kernels the slot ids.
+    `max_rank`: no adapter of the step has a higher rank (the stacks' ranks beyond it are zero padding the
+    CPU ops skip), or None."""
 
     token_slots: torch.Tensor  # [T] int32
     slot_onehot: torch.Tensor  # [T, num_slots], the compute dtype
     num_slots: int
     slots: frozenset[int]  # the slots some token uses
-    groups: LoRAGroups
+    groups: LoRAGroups | None
     max_rank: int | None = None
 
     @classmethod
@@ -79,6 +76,6 @@ class LoRAMapping:
         token_slots = torch.repeat_interleave(per_request, torch.tensor(num_tokens))
         onehot = torch.zeros(len(token_slots), num_slots + 1, dtype=dtype)
         onehot[torch.arange(len(token_slots)), token_slots.long()] = 1  # -1 lands in the extra last column
-        groups = LoRAGroups.build(token_slots, num_slots, dtype)
+        groups = LoRAGroups.build(token_slots, num_slots, dtype) if device.type == "cpu" else None
         return cls(token_slots.to(device), onehot[:, :num_slots].contiguous().to(device), num_slots,
-                   frozenset(request_slots) - {-1}, groups.to(device), max_rank)
+                   frozenset(request_slots) - {-1}, groups, max_rank)
