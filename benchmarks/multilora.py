@@ -8,7 +8,7 @@ Not a test. One run measures, interleaved round by round (medians over rounds):
               before the next starts (what engines with one adapter per batch do)
 Goals: mixed-8 >= 0.9x base (issue 23, on a Q8_0 base), >= 3x naive.
 
-  flock /tmp/bench.lock .venv/bin/python benchmarks/multilora.py --base q8_0         # ~15 min here
+  flock /tmp/bench.lock .venv/bin/python benchmarks/multilora.py --base q8_0         # ~25 min here (4 modes)
   .venv/bin/python benchmarks/multilora.py --quick                                     # a smoke run
 --base picks the base weights: fp32 or bf16 (the GGUF dequantized, activations in that dtype), or q8_0 (the
 same weights requantized to Q8_0 at start, as examples/build_repository.py makes smollm2_q8, kept in their
