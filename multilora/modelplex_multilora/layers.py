@@ -34,7 +34,9 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base, self.modules_, self.context = base, modules, context
         in_features = shape.modules[modules[0]][0]
-        self.lora_a = torch.zeros(max_loras, len(modules), max_rank, in_features, dtype=dtype, device=device)
+        # [S, n, R, in] as a view of rank-major memory: a step's first r ranks of every slice are one block
+        self.lora_a = torch.zeros(max_loras, max_rank, len(modules), in_features, dtype=dtype,
+                                  device=device).transpose(1, 2)
         self.lora_b = tuple(torch.zeros(max_loras, max_rank, shape.modules[m][1], dtype=dtype, device=device)
                             for m in modules)
         self.adapted_slots: set[int] = set()  # slots whose adapter has weights for any of `modules`
@@ -75,6 +77,7 @@ class LoRAModel:
                  dtype: torch.dtype, device: torch.device):
         self.context = LoRAContext(ops)
         self.max_loras = max_loras
+        self.slot_ranks = [0] * max_loras  # the rank of each slot's adapter (0: empty)
         self.wrapped: list[list[LoRALinear]] = []
         for layer in model.layers:
             wrapped = []
@@ -88,6 +91,7 @@ class LoRAModel:
             self.wrapped.append(wrapped)
 
     def set_slot(self, slot: int, weights: LoRAWeights | None) -> None:
+        self.slot_ranks[slot] = 0 if weights is None else weights.spec.rank
         for layer, projections in enumerate(self.wrapped):
             for lora in projections:
                 lora.set_slot(slot, layer, weights)

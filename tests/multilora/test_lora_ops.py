@@ -37,10 +37,12 @@ def mapping_for(request_slots, tokens, dtype=torch.float32, device="cpu"):
 
 @pytest.mark.parametrize("ops", [reference, cpu], ids=["reference", "cpu"])
 @pytest.mark.parametrize("rank", [8, 5])
-@pytest.mark.parametrize("request_slots", [[-1, 0, 2, 1, -1], [1, 1, -1], [0]], ids=["mixed", "prefix", "one"])
-def test_ops_match_a_per_token_loop(ops, rank, request_slots):
+@pytest.mark.parametrize("request_slots,tokens", [([-1, 0, 2, 1, -1], [3, 1, 2, 1, 4]), ([1, 1, -1], [3, 1, 2]),
+                                                  ([0], [3]), ([2, -1, 0, 2], [9, 2, 1, 4]), ([2], [1])],
+                         ids=["mixed", "prefix", "one", "uneven", "last-slot"])
+def test_ops_match_a_per_token_loop(ops, rank, request_slots, tokens):
+    """"uneven": one slot's prefill spans several of the CPU ops' pieces; "last-slot": slots 0 and 1 are empty."""
     lora_a, lora_b = stacks(3, rank)
-    tokens = [3, 1, 2, 1, 4][:len(request_slots)]
     mapping = mapping_for(request_slots, tokens)
     assert mapping.num_slots == max(request_slots) + 1
     g = torch.Generator().manual_seed(1)
@@ -48,6 +50,24 @@ def test_ops_match_a_per_token_loop(ops, rank, request_slots):
     want = per_token(x, y, lora_a, lora_b, mapping.token_slots)
     ops.lora_expand(y, ops.lora_shrink(x, lora_a, mapping), lora_b, mapping)
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5, msg="torch LoRA ops vs per-token loop")
+
+
+def test_cpu_ops_skip_the_ranks_beyond_the_steps_adapters():
+    """Stacks of rank 8 in LoRALinear's rank-major layout, adapters of rank <= 5: the CPU ops multiply by the
+    first 5 ranks only (mapping.max_rank) and give the per-token loop's answer."""
+    g = torch.Generator().manual_seed(3)
+    lora_a = torch.zeros(3, 8, len(OUTS), IN).transpose(1, 2)
+    lora_b = tuple(torch.zeros(3, 8, out) for out in OUTS)
+    lora_a[:, :, :5] = torch.randn(3, len(OUTS), 5, IN, generator=g)
+    for b in lora_b:
+        b[:, :5] = torch.randn(3, 5, b.shape[-1], generator=g)
+    mapping = LoRAMapping.build([0, -1, 2], [2, 1, 3], torch.float32, torch.device("cpu"), max_rank=5)
+    x, y = torch.randn(6, IN, generator=g), torch.randn(6, sum(OUTS), generator=g)
+    want = per_token(x, y, lora_a, lora_b, mapping.token_slots)
+    s = cpu.lora_shrink(x, lora_a, mapping)
+    assert s.shape[-1] == 5
+    cpu.lora_expand(y, s, lora_b, mapping)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5, msg="rank-trimmed CPU ops vs per-token loop")
 
 
 def test_cpu_ops_follow_slot_rewrites_and_slot_counts():

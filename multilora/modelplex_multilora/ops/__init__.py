@@ -1,2 +1,2 @@
-"""Batched LoRA shrink/expand: `reference` (torch), `cpu` (the same math on oneDNN-packed weights) and
-`triton_lora` (CUDA), all with the same signatures."""
+"""Batched LoRA shrink/expand: `reference` (torch, one-hot over slots), `cpu` (tokens grouped by adapter,
+batched matmuls) and `triton_lora` (CUDA), all with the same signatures."""

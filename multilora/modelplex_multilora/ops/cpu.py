@@ -1,49 +1,44 @@
-"""The CPU path of the batched LoRA ops: reference.py's math, with the stacked weights packed for oneDNN.
+"""The CPU path of the batched LoRA ops: tokens grouped by adapter (mapping.groups, built once a step and
+shared by every layer), one batched matmul over the groups for the shrink and one a slice for the expand.
 
-fp32 `F.linear`/`addmm` go to MKL, whose sgemm runs several times below oneDNN's packed AVX2 kernels at
-these shapes on AMD CPUs (the engine packs its base projections for the same reason). A packed copy is
-rebuilt when a slot's weights change (the stack's version counter moves: slots are written in place) or
-a step uses a different number of slots. Other dtypes keep the reference ops.
+Each token multiplies only by its own adapter's weights. The one-hot form of ops/reference.py multiplies
+every token by every slot in use, so its FLOPs grew with the number of adapters in the step (8x at 8
+adapters); here they grow with the tokens only (padding at most doubles the rows: mapping.LoRAGroups).
+The shrink's result `s` is private to this module: [pieces, piece rows, n, r], the expand's input.
 """
 from __future__ import annotations
-
-import weakref
 
 import torch
 
 from ..mapping import LoRAMapping
-from . import reference
-
-_packed: dict[int, tuple] = {}  # id(stack) -> (num_slots, version, packed); dropped with the stack
 
 
-def _packed_weight(stack: torch.Tensor, num_slots: int, weight) -> torch.Tensor:
-    """oneDNN's packed copy of `weight()` ([out, in], built from `stack[:num_slots]`), cached per stack."""
-    key = id(stack)
-    cached = _packed.get(key)
-    if cached is None:
-        weakref.finalize(stack, _packed.pop, key, None)
-    if cached is None or cached[:2] != (num_slots, stack._version):
-        cached = (num_slots, stack._version, torch.ops.mkldnn._reorder_linear_weight(weight(), 64))
-        _packed[key] = cached
-    return cached[2]
-
-
-def _linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-
-def _shrink_linear(x: torch.Tensor, lora_a: torch.Tensor, k: int) -> torch.Tensor:
-    return _linear(x, _packed_weight(lora_a, k, lambda: lora_a[:k].reshape(-1, lora_a.shape[-1]).contiguous()))
-
-
-def _expand_add(y: torch.Tensor, spread: torch.Tensor, b: torch.Tensor, k: int) -> None:
-    y += _linear(spread, _packed_weight(b, k, lambda: b[:k].reshape(-1, b.shape[-1]).t().contiguous()))
+def _stack(stack: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
+    """The pieces' weights: the stack's first slots as they are, or gathered where a slot spans pieces."""
+    groups = mapping.groups
+    if groups.piece_slots is None:
+        return stack[:groups.num_pieces]
+    return stack.index_select(0, groups.piece_slots)
 
 
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, mapping: LoRAMapping) -> torch.Tensor:
-    return reference.lora_shrink(x, lora_a, mapping, _shrink_linear if x.dtype == torch.float32 else None)
+    """x [T, in] -> s [pieces, rows, n, r]: each piece's tokens times its slot's A of every slice at once,
+    over the step's ranks r only (layers.LoRALinear keeps A rank-major, so they are one block: no copy)."""
+    groups = mapping.groups
+    _, n, max_rank, in_features = lora_a.shape
+    rank = min(mapping.max_rank or max_rank, max_rank)
+    xg = x.index_select(0, groups.rows).view(groups.num_pieces, groups.piece_size, in_features)
+    a = _stack(lora_a.transpose(1, 2)[:, :rank], mapping).reshape(groups.num_pieces, rank * n, in_features)
+    s = torch.bmm(xg, a.transpose(1, 2)).view(groups.num_pieces, groups.piece_size, rank, n)
+    # slice-major for the expand; padding rows (copies of token 0) zeroed: they must add nothing
+    return torch.mul(s.transpose(2, 3), groups.mask.unsqueeze(-1),
+                     out=s.new_empty(groups.num_pieces, groups.piece_size, n, rank))
 
 
 def lora_expand(y: torch.Tensor, s: torch.Tensor, lora_b: tuple[torch.Tensor, ...], mapping: LoRAMapping) -> None:
-    reference.lora_expand(y, s, lora_b, mapping, _expand_add if y.dtype == torch.float32 else None)
+    """y [T, sum(out_i)] += each token's s times its slot's B of each slice, added to the tokens' rows once."""
+    groups = mapping.groups
+    rank = s.shape[3]
+    deltas = [torch.bmm(s[:, :, i], _stack(b[:, :rank], mapping)) for i, b in enumerate(lora_b)]
+    delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=2)
+    y.index_add_(0, groups.rows, delta.view(groups.num_pieces * groups.piece_size, -1))

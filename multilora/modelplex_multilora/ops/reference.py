@@ -1,11 +1,11 @@
-"""Batched LoRA ops in torch: the CPU path, and the reference the Triton kernels are tested against.
+"""Batched LoRA ops in torch: the reference the CPU ops (ops/cpu.py) and the Triton kernels are tested against.
 
 A projection's LoRA weights for every device slot are stacked: `lora_a` [S, n, R, in] (n slices of
 one fused projection, e.g. q/k/v; ranks zero-padded to R) and one `lora_b` [S, R, out_i] per slice,
 with the adapter's scaling folded in. Each token uses its own slot: the shrink multiplies by every
 slot in use at once (one matmul) and keeps the token's own; the expand scatters a token's rank
-vector into its slot's rows and multiplies once. Few large matmuls beat one small one per adapter
-on a CPU; the extra FLOPs grow with the slots in use, not with the tokens' adapters.
+vector into its slot's rows and multiplies once. Its FLOPs grow with the slots in use, not with the
+tokens' adapters; ops/cpu.py groups the tokens by adapter instead.
 """
 from __future__ import annotations
 

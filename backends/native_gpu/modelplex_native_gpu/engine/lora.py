@@ -34,7 +34,8 @@ class EngineLoRA:
         """The mapping of the step about to run (None, and no LoRA work, when no request has an adapter)."""
         slot_of = self.manager.slot_of
         slots = [-1 if r.lora_id is None else slot_of(r.lora_id) for r in requests]
-        self.model.set_mapping(LoRAMapping.build(slots, num_scheduled_tokens, self.dtype, self.device))
+        max_rank = max((self.model.slot_ranks[s] for s in slots if s >= 0), default=0)
+        self.model.set_mapping(LoRAMapping.build(slots, num_scheduled_tokens, self.dtype, self.device, max_rank))
 
     def stats(self, scheduler) -> dict:
         """Adapters of running and waiting requests and each adapter's counters (read from any thread)."""
