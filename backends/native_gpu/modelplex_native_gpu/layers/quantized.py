@@ -88,6 +88,14 @@ class QuantizedWeight:
                 y += bias
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
+    def silu_mlp(self, down: QuantizedWeight, x: torch.Tensor) -> torch.Tensor | None:
+        """down(silu(gate) * up) with this weight as the fused gate/up (no biases) in one op call, or None
+        where the op does not apply (mixed types in a weight, non-fp32 activations)."""
+        if len(self.segments) != 1 or len(down.segments) != 1 or x.dtype != torch.float32:
+            return None
+        gate_up, d = self.segments[0], down.segments[0]
+        return self.ops.quant_silu_mlp(x, gate_up.data, gate_up.qtype, d.data, d.qtype)
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The dequantized rows `ids` (an embedding lookup), fp32 [len(ids), in_features]."""
         if len(self.segments) == 1:

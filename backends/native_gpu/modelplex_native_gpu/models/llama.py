@@ -72,9 +72,17 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
         self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.is_silu = cfg.hidden_act == "silu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
+        gate_up, down = self.gate_up_proj, self.down_proj
+        # quantized SwiGLU (not wrapped by LoRA, which replaces the Linear modules): one compiled call
+        if self.is_silu and type(gate_up) is Linear and gate_up.quantized is not None and type(down) is Linear \
+                and down.quantized is not None:
+            y = gate_up.quantized.silu_mlp(down.quantized, x)
+            if y is not None:
+                return y
+        gate, up = gate_up.forward(x).split(self.intermediate_size, dim=-1)
         return self.down_proj.forward(self.act(gate).mul_(up))
 
 
