@@ -247,17 +247,27 @@ inline __m256i codes(const uint8_t* b) {
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-// 32 int16 products a block summed pairwise into 16 int32 lanes (vpdpwssd with AVX-512 VNNI).
+// The block's 32 weights as int16 (offset subtracted). 4-bit codes: the 16 bytes zero-extended to words
+// twice, the low nibbles taken from the first copy and the high ones from the second (3 operations).
+using WVec = __m512i;
+template <int64_t T>
+inline WVec wcodes(const uint8_t* b) {
+  if constexpr (T == kQ4_0 || T == kQ4_1) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (T == kQ4_0 ? 2 : 4)));
+    const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(raw));
+    const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);  // 0 x16, 4 x16
+    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(words, shifts), _mm512_set1_epi16(0x0F));
+    return T == kQ4_0 ? _mm512_sub_epi16(nib, _mm512_set1_epi16(8)) : nib;
+  } else {
+    return _mm512_cvtepi8_epi16(codes<T>(b));
+  }
+}
+// 32 int16 products a block summed pairwise into 16 int32 lanes.
 using IVec = __m512i;
 using FVec = __m512;
-inline IVec block_dot(__m256i w8, const int16_t* q) {
-  const __m512i w16 = _mm512_cvtepi8_epi16(w8);
+inline IVec block_dot(WVec w16, const int16_t* q) {
   const __m512i a16 = _mm512_loadu_si512(q);
-#if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(_mm512_setzero_si512(), w16, a16);
-#else
-  return _mm512_madd_epi16(w16, a16);
-#endif
+  return _mm512_madd_epi16(w16, a16);  // vpdpwssd would need a zeroed accumulator: one more operation
 }
 inline FVec fzero() { return _mm512_setzero_ps(); }
 inline FVec fmadd_block(IVec p, float scale, FVec acc) {
@@ -266,9 +276,12 @@ inline FVec fmadd_block(IVec p, float scale, FVec acc) {
 inline float fsum(FVec v) { return _mm512_reduce_add_ps(v); }
 constexpr int64_t kTileTokens = 4;  // 16 accumulators of 32 vector registers
 #else
+using WVec = __m256i;
+template <int64_t T>
+inline WVec wcodes(const uint8_t* b) { return codes<T>(b); }
 using IVec = __m256i;
 using FVec = __m256;
-inline IVec block_dot(__m256i w8, const int16_t* q) {
+inline IVec block_dot(WVec w8, const int16_t* q) {
   const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w8));
   const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w8, 1));
   const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
@@ -299,11 +312,18 @@ constexpr int64_t kPrefetchBytes = QL_PREFETCH;
 template <int64_t T, int64_t MR, int64_t NR>
 void int_tile(const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a, int64_t m0, float* y, int64_t ldy) {
   using B = Blk<T>;
+  // Unrolled loops over rows and tokens: the accumulators then live in registers (without the pragmas gcc
+  // kept some on the stack, a store and reload on each one's dependency chain every block).
   FVec acc[MR][NR];
   float mins[MR][NR] = {};
+#pragma GCC unroll 8
   for (int64_t j = 0; j < MR; ++j)
+#pragma GCC unroll 8
     for (int64_t i = 0; i < NR; ++i) acc[j][i] = fzero();
-  const int64_t nb = a.nb;
+  const int64_t nb = a.nb, K = a.K;
+  const int16_t* q = a.q.data() + m0 * K;
+  const float* d = a.d.data() + m0 * nb;
+  const float* sx = a.sx.data() + m0 * nb;
   // The tile's NR rows are one contiguous region, and a thread's tiles follow each other: its weights are one
   // stream, consumed NR blocks an iteration. Rows of a few hundred bytes (SmolLM2's) are too short for the
   // hardware prefetchers to follow each row, so the stream is prefetched kPrefetchBytes ahead of where it is
@@ -311,19 +331,23 @@ void int_tile(const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a
   const uint8_t* pf = w + kPrefetchBytes;
   constexpr int64_t kStep = NR * B::bytes;
   for (int64_t b = 0; b < nb; ++b, pf += kStep) {
+#pragma GCC unroll 8
     for (int64_t l = 0; l < kStep; l += 64) __builtin_prefetch(pf + l);
+#pragma GCC unroll 8
     for (int64_t i = 0; i < NR; ++i) {
       const uint8_t* blk = w + i * row_bytes + b * B::bytes;
-      const __m256i wq = codes<T>(blk);
+      const WVec wq = wcodes<T>(blk);
       const float dw = fp16(blk);
+#pragma GCC unroll 8
       for (int64_t j = 0; j < MR; ++j) {
-        const int64_t ab = (m0 + j) * nb + b;
-        acc[j][i] = fmadd_block(block_dot(wq, a.q.data() + (m0 + j) * a.K + b * 32), dw * a.d[ab], acc[j][i]);
-        if constexpr (T == kQ4_1) mins[j][i] += fp16(blk + 2) * a.sx[ab];
+        acc[j][i] = fmadd_block(block_dot(wq, q + j * K + b * 32), dw * d[j * nb + b], acc[j][i]);
+        if constexpr (T == kQ4_1) mins[j][i] += fp16(blk + 2) * sx[j * nb + b];
       }
     }
   }
+#pragma GCC unroll 8
   for (int64_t j = 0; j < MR; ++j)
+#pragma GCC unroll 8
     for (int64_t i = 0; i < NR; ++i) y[j * ldy + i] = fsum(acc[j][i]) + mins[j][i];
 }
 #else  // portable
