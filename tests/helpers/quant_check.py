@@ -1,17 +1,14 @@
 """The quantized linear ops (kernels/csrc/quant_linear.cpp) against gguf's dequantization and a float64
 product: shared by the in-process test and the other ISA builds, which run in child processes.
 
-The bound on a quantized linear's error. Each token's activations go to two int8 planes in blocks b of
-32 with scale d_b = max|x| / 127: x ~ d_b (q1 + q2 / 256), q1 = round(x / d_b), q2 = the remainder in
-units of d_b / 256, rounded and clamped to +-127. So each activation moves by at most d_b / 512, or
-d_b / 256 where the clamp bites (a relative ~1e-5 more from fp32 arithmetic). The output
-y = sum_i w_i x_i therefore moves by at most
-    E = sum_b d_b / 256 * sum_{i in b} |w_i|     (w: the dequantized weights)
+The bound on a quantized linear's error. Each token's activations go to int16 in blocks b of 32 with
+scale d_b = max|x| / 32767: q = round(x / d_b), so each activation moves by at most d_b / 2 (a relative
+~1e-5 more from fp32 arithmetic). The output y = sum_i w_i x_i therefore moves by at most
+    E = sum_b d_b / 2 * sum_{i in b} |w_i|     (w: the dequantized weights)
 plus fp32 accumulation, bounded by 1e-5 * sum_i |w_i x_i|. The test checks |y - y_float64| <= 1.01 E +
 1e-5 sum |w x| + 1e-6 at every output; typical errors are far smaller (errors of independent signs add
-as sqrt, not linearly, and most are under d_b / 512). One plane (llama.cpp's Q8_0 activations) would
-move each activation by up to d_b / 2: a bound 128x larger. K-quants multiply unquantized fp32
-activations: E = 0.
+as sqrt, not linearly). int8 activations (llama.cpp's Q8_0 activations, d_b = max|x| / 127) would
+move each activation by up to 258x more. K-quants multiply unquantized fp32 activations: E = 0.
 """
 import numpy as np
 import torch
@@ -52,9 +49,9 @@ def error_bound(type_name: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     if type_name in K_TYPES:
         return fp32
     m, k = x.shape
-    d = ax.reshape(m, k // 32, 32).max(axis=2) / 127  # [m, blocks]
+    d = ax.reshape(m, k // 32, 32).max(axis=2) / 32767  # [m, blocks]
     wsum = aw.reshape(w.shape[0], k // 32, 32).sum(axis=2)  # [n, blocks]
-    return 1.01 / 256 * d @ wsum.T + fp32
+    return 1.01 / 2 * d @ wsum.T + fp32
 
 
 def check_ops(ops, types=INT8_TYPES + K_TYPES):

@@ -55,6 +55,46 @@ def test_engine_on_quantized_weights_matches_the_dequantized_ones(tmp_path, type
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.95
 
 
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0"])
+def test_the_one_call_decode_layer_equals_the_layer_op_by_op(tmp_path, type_name, monkeypatch):
+    """Decode steps through csrc/decode_layer.cpp give bit for bit the hidden states of the Python layer."""
+    from modelplex_native_gpu.models.llama import LlamaDecoderLayer
+
+    e = engine(write_tiny(tmp_path / f"tiny-{type_name}.gguf", type_name), True)
+    assert all(layer.quantized_decode_weights() is not None for layer in e.runner.model.layers)
+    calls = []
+    monkeypatch.setattr(e.runner.model.fused_ops, "quant_decode_layer", counted(e.runner.model.fused_ops, calls),
+                        raising=False)
+    ids = [int(t) for t in np.random.default_rng(1).integers(3, VOCAB, 12)]
+
+    def hidden_states():
+        model, captured = e.runner.model, []
+        forward = model.forward
+        model.forward = lambda *a, **k: captured.append(forward(*a, **k)) or captured[-1]
+        try:
+            e.generate([ids], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        finally:
+            del model.forward
+        return captured
+
+    fused = hidden_states()
+    assert len(calls) == 5 * len(e.runner.model.layers)  # every decode step (the prefill step runs op by op)
+    monkeypatch.setattr(LlamaDecoderLayer, "quantized_decode_weights", lambda self: None)
+    op_by_op = hidden_states()
+    assert len(fused) == len(op_by_op) == 6
+    for a, b in zip(fused, op_by_op):
+        assert torch.equal(a, b)
+
+
+def counted(ops, calls):
+    op = ops.quant_decode_layer
+
+    def call(*args):
+        calls.append(1)
+        return op(*args)
+    return call
+
+
 def test_mixed_types_in_a_fused_projection(tmp_path):
     """Q4_K_M files give attn_v and ffn_down Q6_K beside Q4_K: the fused q/k/v keeps one segment a type."""
     plans = tensor_plans("Q4_K")

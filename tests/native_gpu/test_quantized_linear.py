@@ -17,6 +17,19 @@ def test_quantized_ops_match_gguf_and_float64(ops):
     assert set(worst) == {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}
 
 
+def test_fused_silu_mlp_equals_its_parts(ops):
+    """quant_silu_mlp is down(silu(gate) * up) on the fused gate/up, bit for bit the unfused ops."""
+    gate_up = torch.from_numpy(make_weight("Q8_0", 2 * 96, 64, seed=1))
+    down = torch.from_numpy(make_weight("Q4_0", 64, 96, seed=2))
+    for m in (1, 3):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m))
+        gate, up = ops.quant_linear(x, gate_up, 8, None).split(96, dim=1)
+        want = ops.quant_linear(torch.nn.functional.silu(gate) * up, down, 2, None)
+        assert torch.equal(ops.quant_silu_mlp(x, gate_up, 8, down, 2), want)
+    with pytest.raises(RuntimeError, match="even number of rows"):
+        ops.quant_silu_mlp(x, torch.from_numpy(make_weight("Q8_0", 3, 64, seed=3)), 8, down, 2)
+
+
 def test_bad_weights_are_refused(ops):
     data = torch.from_numpy(make_weight("Q8_0", 4, 64, seed=0))
     with pytest.raises(RuntimeError, match="bytes a row"):

@@ -72,9 +72,17 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
         self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.is_silu = cfg.hidden_act == "silu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.forward(x).split(self.intermediate_size, dim=-1)
+        gate_up, down = self.gate_up_proj, self.down_proj
+        # quantized SwiGLU (not wrapped by LoRA, which replaces the Linear modules): one compiled call
+        if self.is_silu and type(gate_up) is Linear and gate_up.quantized is not None and type(down) is Linear \
+                and down.quantized is not None:
+            y = gate_up.quantized.silu_mlp(down.quantized, x)
+            if y is not None:
+                return y
+        gate, up = gate_up.forward(x).split(self.intermediate_size, dim=-1)
         return self.down_proj.forward(self.act(gate).mul_(up))
 
 
@@ -87,10 +95,15 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
         self.kv_group = 0  # which AttentionMetadata (KV-cache group) the layer reads; set by the runner
         self.rope_index = 0  # which of the model's rotary tables it uses
+        self._decode_weights = None  # (the linears, quantized_decode_weights() for them)
 
     def forward(self, rope, x, residual, meta, ops=None):
         """x: the output of the previous layer's MLP (the embeddings at the first layer, where
         `residual` is None); the residual stream is x + residual. -> the same pair for the next layer."""
+        if ops is not None and meta.num_decode_tokens == x.shape[0]:
+            weights = self.quantized_decode_weights()
+            if weights is not None and rope[0].shape[-1] == self.self_attn.head_dim:
+                return self._quantized_decode(weights, rope, x, residual, meta, ops)
         if residual is None:
             x, residual = self.input_layernorm.norm(x, ops), x
         else:
@@ -98,6 +111,40 @@ class LlamaDecoderLayer(nn.Module):
         x = self.self_attn.forward(rope, x, meta, ops)
         x, residual = self.post_attention_layernorm.add_and_norm(x, residual, ops)
         return self.mlp.forward(x), residual
+
+
+    def quantized_decode_weights(self) -> tuple | None:
+        """The (blocks, type) of q/k/v, o, gate/up and down when the layer can run as one compiled decode op:
+        plain Llama attention and SwiGLU on single-type quantized weights without biases, not wrapped by LoRA
+        (which replaces the Linear modules: the answer is kept for the modules it was computed for)."""
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if self._decode_weights is None or self._decode_weights[0] != linears:  # modules compare by identity
+            self._decode_weights = (linears, self._find_decode_weights(linears))
+        return self._decode_weights[1]
+
+    def _find_decode_weights(self, linears) -> tuple | None:
+        attn = self.self_attn
+        if not all(type(m) is Linear and m.quantized is not None and len(m.quantized.segments) == 1
+                   and m.bias is None for m in linears):
+            return None
+        if type(self) is not LlamaDecoderLayer or attn.q_norm is not None or not self.mlp.is_silu \
+                or attn.attn.attention is not attn.attn.kernels:
+            return None
+        return tuple(x for m in linears for x in (m.quantized.segments[0].data, m.quantized.segments[0].qtype))
+
+    def _quantized_decode(self, weights, rope, x, residual, meta, ops):
+        """The fp32 decode path of `forward` in one op call (csrc/decode_layer.cpp), bit for bit the same."""
+        if residual is None:  # the first layer: residual + zeros is the embeddings exactly
+            residual, x = x, torch.zeros_like(x)
+        qkv, qkv_type, o, o_type, gate_up, gate_up_type, down, down_type = weights
+        attn = self.self_attn
+        x = ops.quant_decode_layer(
+            x, residual, self.input_layernorm.weight, self.post_attention_layernorm.weight,
+            self.input_layernorm.eps, qkv, qkv_type, o, o_type, gate_up, gate_up_type, down, down_type, *rope,
+            attn.attn.k_cache, attn.attn.v_cache, meta.slot_mapping, meta.decode_block_tables,
+            meta.decode_context_lens, attn.num_heads, attn.num_kv_heads, attn.attn.scale)
+        return x, residual
 
 
 class LlamaForCausalLM(nn.Module):

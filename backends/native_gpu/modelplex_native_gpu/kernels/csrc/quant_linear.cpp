@@ -1,16 +1,15 @@
 // Linear layers on GGUF-quantized weights, kept in the file's block layout ([out_features][row bytes], ggml's
 // blocks in k order), so loading is a copy of the file's bytes and no fp32 weight is ever held.
 // - Q8_0, Q4_0, Q4_1, Q5_0: integer dot products, as llama.cpp's CPU backend does, but with each token's
-//   activations in two int8 planes a block of 32: q1 = round(x / d) (d = amax / 127, llama.cpp's Q8_0
-//   activations) and q2 = round((x - d q1) * 256 / d), the remainder, so x ~ d (q1 + q2 / 256): about
-//   int16 precision. One plane alone (what llama.cpp does) moved SmolLM2-135M's greedy answers (teacher-forced
-//   argmax agreement with transformers on the same Q8_0 weights 97.9%, a chat answer changed at its first
-//   token); the second plane costs one more integer dot a block on weights already in registers. A block's
-//   product is scale_w * d / 256 * (256 dot(w, q1) + dot(w, q2)) (minus the format's offset times the
-//   activation sum, plus Q4_1's min times it), accumulated in fp32. Register tiles of kTileRows weight rows x
-//   kTileTokens tokens read each weight block once for all the tile's tokens (matrix-vector at one token,
-//   GEMM at many). AVX-512 VNNI (vpdpbusd on 256-bit vectors) where the build has it, AVX2 (maddubs + madd)
-//   otherwise, and a portable scalar path.
+//   activations as int16 a block of 32: q = round(x / d), d = amax / 32767. llama.cpp's int8 activations
+//   (d = amax / 127) moved SmolLM2-135M's greedy answers (teacher-forced argmax agreement with transformers on
+//   the same Q8_0 weights 97.9%, a chat answer changed at its first token). The weight codes (offset
+//   subtracted) are sign-extended to int16 in registers and multiplied pairwise with vpdpwssd (AVX-512 VNNI)
+//   or vpmaddwd: one multiply a block, where two int8 planes (the previous scheme, same precision) took two.
+//   A block's product is scale_w * d * dot(w, q) (plus Q4_1's min times d sum(q)), accumulated in fp32.
+//   Register tiles of kTileRows weight rows x kTileTokens tokens read each weight block once for all the
+//   tile's tokens (matrix-vector at one token, GEMM at many). AVX-512 (512-bit vectors, a block a vector)
+//   where the build has it, AVX2 otherwise, and a portable scalar path.
 // - Q4_K, Q5_K, Q6_K: a tile of rows dequantized to fp32 (L2-resident, never the whole weight), then fp32
 //   dot products with the unquantized activations.
 // Every output is computed by the same sequence of operations whatever the batch, so a token's outputs do
@@ -157,53 +156,67 @@ void dequantize_row(int64_t t, const uint8_t* src, int64_t K, float* out) {
   }
 }
 
-// ---- activations as two int8 planes, blocks of 32 ----------------------------------------------------------
+// ---- activations as int16, blocks of 32 ---------------------------------------------------------------------
 struct QuantizedActivations {
   int64_t K = 0, nb = 0;
-  std::vector<int8_t> q, q2;  // [M][K]: x ~ d (q + q2 / 256)
-  std::vector<float> d;       // [M][nb] scale
-  std::vector<int32_t> s;     // [M][nb] 256 sum(q) + sum(q2)
-  std::vector<float> ds;      // [M][nb][8] sum of the block's x~ in lane 0 (Q4_1's min term), zeros elsewhere
+  std::vector<int16_t> q;  // [M][K]: x ~ d q
+  std::vector<float> d;    // [M][nb] scale, max|x| / 32767
+  std::vector<float> sx;   // [M][nb] d sum(q): the block's sum of x~ (Q4_1's min term)
 };
 
-void quantize_activations(const float* x, int64_t M, int64_t K, bool with_ds, QuantizedActivations& a) {
+constexpr float kQMax = 32767.f;
+
+// One block of 32: q = round(x / d), d = max|x| / 32767 (|q| <= 32767 up to fp32 rounding: clamped).
+inline void quantize_block(const float* v, int16_t* q, float* d_out, float* sx_out) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+  const float d = amax / kQMax, id = d != 0.f ? 1.f / d : 0.f;
+  const __m512 vid = _mm512_set1_ps(id), lim = _mm512_set1_ps(kQMax);
+  // cvtps rounds to nearest even, as std::nearbyint does in the default rounding mode
+  const __m512i a = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(_mm512_mul_ps(lo, vid), lim), -lim));
+  const __m512i b = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(_mm512_mul_ps(hi, vid), lim), -lim));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_cvtepi32_epi16(a));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), _mm512_cvtepi32_epi16(b));
+  const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+#else
+  float amax = 0.f;
+  for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
+  const float d = amax / kQMax, id = d != 0.f ? 1.f / d : 0.f;
+  int32_t sum = 0;
+  for (int k = 0; k < 32; ++k) {
+    q[k] = static_cast<int16_t>(std::nearbyint(std::clamp(v[k] * id, -kQMax, kQMax)));
+    sum += q[k];
+  }
+#endif
+  *d_out = d;
+  *sx_out = d * static_cast<float>(sum);
+}
+
+void quantize_activations(const float* x, int64_t M, int64_t K, QuantizedActivations& a) {
   a.K = K;
   a.nb = K / 32;
   a.q.resize(M * K);
-  a.q2.resize(M * K);
   a.d.resize(M * a.nb);
-  a.s.resize(M * a.nb);
-  if (with_ds) a.ds.assign(M * a.nb * 8, 0.f);
-  at::parallel_for(0, M * a.nb, 256, [&](int64_t i0, int64_t i1) {
+  a.sx.resize(M * a.nb);
+  const int64_t n = M * a.nb;
+  auto run = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const float* v = x + (i / a.nb) * K + (i % a.nb) * 32;
-      int8_t* q = a.q.data() + (i / a.nb) * K + (i % a.nb) * 32;
-      int8_t* q2 = a.q2.data() + (i / a.nb) * K + (i % a.nb) * 32;
-      float amax = 0.f;
-      for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(v[k]));
-      const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-      int32_t sum = 0;
-      for (int k = 0; k < 32; ++k) {
-        const int r = static_cast<int>(std::nearbyint(v[k] * id));
-        q[k] = static_cast<int8_t>(std::clamp(r, -127, 127));
-        const int r2 = static_cast<int>(std::nearbyint((v[k] - d * static_cast<float>(q[k])) * id * 256.f));
-        q2[k] = static_cast<int8_t>(std::clamp(r2, -127, 127));
-        sum += 256 * q[k] + q2[k];
-      }
-      a.d[i] = d;
-      a.s[i] = sum;
-      if (with_ds) a.ds[i * 8] = d * (static_cast<float>(sum) / 256.f);
+      const int64_t off = (i / a.nb) * K + (i % a.nb) * 32;
+      quantize_block(x + off, a.q.data() + off, a.d.data() + i, a.sx.data() + i);
     }
-  });
+  };
+  if (n <= 1024) run(0, n);  // a decode step's few hundred blocks: cheaper than waking a thread
+  else at::parallel_for(0, n, 256, run);
 }
 
-// ---- one weight block as 32 bytes, per format -------------------------------------------------------------
+// ---- one weight block, per format ---------------------------------------------------------------------------
 // offset: the value subtracted from the unsigned codes (Q4_0 8, Q5_0 16); Q8_0 codes are signed; Q4_1 adds m.
 template <int64_t T> struct Blk;
-template <> struct Blk<kQ8_0> { static constexpr int64_t bytes = 34, offset = 0; static constexpr bool is_signed = true, has_min = false; };
-template <> struct Blk<kQ4_0> { static constexpr int64_t bytes = 18, offset = 8; static constexpr bool is_signed = false, has_min = false; };
-template <> struct Blk<kQ4_1> { static constexpr int64_t bytes = 20, offset = 0; static constexpr bool is_signed = false, has_min = true; };
-template <> struct Blk<kQ5_0> { static constexpr int64_t bytes = 22, offset = 16; static constexpr bool is_signed = false, has_min = false; };
+template <> struct Blk<kQ8_0> { static constexpr int64_t bytes = 34, offset = 0; };
+template <> struct Blk<kQ4_0> { static constexpr int64_t bytes = 18, offset = 8; };
+template <> struct Blk<kQ4_1> { static constexpr int64_t bytes = 20, offset = 0; };
+template <> struct Blk<kQ5_0> { static constexpr int64_t bytes = 22, offset = 16; };
 
 #if QL_AVX2
 inline __m256i nibbles(const uint8_t* p) {  // 16 bytes -> 32 codes: low nibbles first (weights 0..15), then high
@@ -221,95 +234,132 @@ inline __m256i bits_to_bytes(const uint8_t* p) {  // 32 bits -> 0xFF where set (
   return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
 }
 
+// The block's 32 weights as signed int8 codes (the format's offset subtracted; Q4_1's codes are 0..15).
 template <int64_t T>
 inline __m256i codes(const uint8_t* b) {
   if constexpr (T == kQ8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-  if constexpr (T == kQ4_0) return nibbles(b + 2);
+  if constexpr (T == kQ4_0) return _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8));
   if constexpr (T == kQ4_1) return nibbles(b + 4);
-  if constexpr (T == kQ5_0) return _mm256_or_si256(nibbles(b + 6), _mm256_and_si256(bits_to_bytes(b + 2), _mm256_set1_epi8(0x10)));
+  if constexpr (T == kQ5_0) {
+    const __m256i c = _mm256_or_si256(nibbles(b + 6), _mm256_and_si256(bits_to_bytes(b + 2), _mm256_set1_epi8(0x10)));
+    return _mm256_sub_epi8(c, _mm256_set1_epi8(16));
+  }
 }
 
-// unsigned codes x signed activations -> 8 int32 partial sums, added to `init`.
-inline __m256i dot_us(__m256i init, __m256i u, __m256i s) {
-#if QL_VNNI
-  return _mm256_dpbusd_epi32(init, u, s);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The block's 32 weights as int16 (offset subtracted). 4-bit codes: the 16 bytes zero-extended to words
+// twice, the low nibbles taken from the first copy and the high ones from the second (3 operations).
+using WVec = __m512i;
+template <int64_t T>
+inline WVec wcodes(const uint8_t* b) {
+  if constexpr (T == kQ4_0 || T == kQ4_1) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (T == kQ4_0 ? 2 : 4)));
+    const __m512i words = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(raw));
+    const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);  // 0 x16, 4 x16
+    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(words, shifts), _mm512_set1_epi16(0x0F));
+    return T == kQ4_0 ? _mm512_sub_epi16(nib, _mm512_set1_epi16(8)) : nib;
+  } else {
+    return _mm512_cvtepi8_epi16(codes<T>(b));
+  }
+}
+// 32 int16 products a block summed pairwise into 16 int32 lanes.
+using IVec = __m512i;
+using FVec = __m512;
+inline IVec block_dot(WVec w16, const int16_t* q) {
+  const __m512i a16 = _mm512_loadu_si512(q);
+  return _mm512_madd_epi16(w16, a16);  // vpdpwssd would need a zeroed accumulator: one more operation
+}
+inline FVec fzero() { return _mm512_setzero_ps(); }
+inline FVec fmadd_block(IVec p, float scale, FVec acc) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_set1_ps(scale), acc);
+}
+inline float fsum(FVec v) { return _mm512_reduce_add_ps(v); }
+constexpr int64_t kTileTokens = 4;  // 16 accumulators of 32 vector registers
 #else
-  const __m256i p16 = _mm256_maddubs_epi16(u, s);  // |15 * 127 * 2|, |31 * 127 * 2|, |128 * 127 * 2| < 2^15
-  return _mm256_add_epi32(init, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-#endif
+using WVec = __m256i;
+template <int64_t T>
+inline WVec wcodes(const uint8_t* b) { return codes<T>(b); }
+using IVec = __m256i;
+using FVec = __m256;
+inline IVec block_dot(WVec w8, const int16_t* q) {
+  const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w8));
+  const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w8, 1));
+  const __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16));
+  return _mm256_add_epi32(_mm256_madd_epi16(lo, a0), _mm256_madd_epi16(hi, a1));
 }
-
-inline float hsum(__m256 v) {
+inline FVec fzero() { return _mm256_setzero_ps(); }
+inline FVec fmadd_block(IVec p, float scale, FVec acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale), acc);
+}
+inline float fsum(FVec v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
-
-#if defined(__AVX512F__)
-constexpr int64_t kTileTokens = 4;  // 16 accumulators of 32 vector registers
-#else
 constexpr int64_t kTileTokens = 2;  // 8 accumulators of 16
 #endif
-constexpr int64_t kTileRows = 4;
-constexpr int64_t kPrefetchBytes = 768;
+#ifndef QL_TILE_ROWS
+#define QL_TILE_ROWS 4
+#endif
+#ifndef QL_PREFETCH
+#define QL_PREFETCH 8192
+#endif
+constexpr int64_t kTileRows = QL_TILE_ROWS;
+constexpr int64_t kPrefetchBytes = QL_PREFETCH;
 
 // y[j][i] = row i . token j for NR weight rows (row_bytes apart) x MR tokens.
 template <int64_t T, int64_t MR, int64_t NR>
-void int8_tile(const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a, int64_t m0, float* y,
-               int64_t ldy) {
+void int_tile(const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a, int64_t m0, float* y, int64_t ldy) {
   using B = Blk<T>;
-  __m256 acc[MR][NR];
+  // Unrolled loops over rows and tokens: the accumulators then live in registers (without the pragmas gcc
+  // kept some on the stack, a store and reload on each one's dependency chain every block).
+  FVec acc[MR][NR];
+  float mins[MR][NR] = {};
+#pragma GCC unroll 8
   for (int64_t j = 0; j < MR; ++j)
-    for (int64_t i = 0; i < NR; ++i) acc[j][i] = _mm256_setzero_ps();
-  const int64_t nb = a.nb;
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i av[MR], av2[MR];
-    for (int64_t j = 0; j < MR; ++j) {
-      av[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + (m0 + j) * a.K + b * 32));
-      av2[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q2.data() + (m0 + j) * a.K + b * 32));
-    }
+#pragma GCC unroll 8
+    for (int64_t i = 0; i < NR; ++i) acc[j][i] = fzero();
+  const int64_t nb = a.nb, K = a.K;
+  const int16_t* q = a.q.data() + m0 * K;
+  const float* d = a.d.data() + m0 * nb;
+  const float* sx = a.sx.data() + m0 * nb;
+  // The tile's NR rows are one contiguous region, and a thread's tiles follow each other: its weights are one
+  // stream, consumed NR blocks an iteration. Rows of a few hundred bytes (SmolLM2's) are too short for the
+  // hardware prefetchers to follow each row, so the stream is prefetched kPrefetchBytes ahead of where it is
+  // consumed on average (into the next tiles near a tile's end).
+  const uint8_t* pf = w + kPrefetchBytes;
+  constexpr int64_t kStep = NR * B::bytes;
+  for (int64_t b = 0; b < nb; ++b, pf += kStep) {
+#pragma GCC unroll 8
+    for (int64_t l = 0; l < kStep; l += 64) __builtin_prefetch(pf + l);
+#pragma GCC unroll 8
     for (int64_t i = 0; i < NR; ++i) {
       const uint8_t* blk = w + i * row_bytes + b * B::bytes;
-      // NR rows stream side by side: the hardware prefetchers alone kept one token's product at ~14 GB/s
-      // from DRAM (55 GB/s from L3) on Zen 5; a software prefetch kPrefetchBytes ahead in each row restores it.
-      __builtin_prefetch(blk + kPrefetchBytes);
-      const __m256i wq = codes<T>(blk);
+      const WVec wq = wcodes<T>(blk);
       const float dw = fp16(blk);
-      __m256 vm;
-      if constexpr (B::has_min) vm = _mm256_set1_ps(fp16(blk + 2));
-      __m256i wu;
-      if constexpr (B::is_signed) wu = _mm256_sign_epi8(wq, wq);
+#pragma GCC unroll 8
       for (int64_t j = 0; j < MR; ++j) {
-        const int64_t ab = (m0 + j) * nb + b;
-        __m256i p;  // 256 dot(w, q) + dot(w, q2) - offset * s
-        if constexpr (B::is_signed) {
-          p = dot_us(_mm256_setzero_si256(), wu, _mm256_sign_epi8(av[j], wq));
-          p = dot_us(_mm256_slli_epi32(p, 8), wu, _mm256_sign_epi8(av2[j], wq));
-        } else {
-          const __m256i init = B::offset != 0 ? _mm256_zextsi128_si256(_mm_cvtsi32_si128(-B::offset * a.s[ab]))
-                                              : _mm256_setzero_si256();
-          p = dot_us(_mm256_setzero_si256(), wq, av[j]);
-          p = dot_us(_mm256_add_epi32(_mm256_slli_epi32(p, 8), init), wq, av2[j]);
-        }
-        acc[j][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.d[ab] * (1.f / 256.f)), acc[j][i]);
-        if constexpr (B::has_min) acc[j][i] = _mm256_fmadd_ps(vm, _mm256_loadu_ps(a.ds.data() + ab * 8), acc[j][i]);
+        acc[j][i] = fmadd_block(block_dot(wq, q + j * K + b * 32), dw * d[j * nb + b], acc[j][i]);
+        if constexpr (T == kQ4_1) mins[j][i] += fp16(blk + 2) * sx[j * nb + b];
       }
     }
   }
+#pragma GCC unroll 8
   for (int64_t j = 0; j < MR; ++j)
-    for (int64_t i = 0; i < NR; ++i) y[j * ldy + i] = hsum(acc[j][i]);
+#pragma GCC unroll 8
+    for (int64_t i = 0; i < NR; ++i) y[j * ldy + i] = fsum(acc[j][i]) + mins[j][i];
 }
 #else  // portable
 constexpr int64_t kTileTokens = 1, kTileRows = 1;
 
 template <int64_t T, int64_t MR, int64_t NR>
-void int8_tile(const uint8_t* w, int64_t, const QuantizedActivations& a, int64_t m0, float* y, int64_t) {
+void int_tile(const uint8_t* w, int64_t, const QuantizedActivations& a, int64_t m0, float* y, int64_t) {
   using B = Blk<T>;
-  const int8_t* x = a.q.data() + m0 * a.K;
-  const int8_t* x2 = a.q2.data() + m0 * a.K;
-  float acc = 0.f;
-  for (int64_t b = 0; b < a.nb; ++b, w += B::bytes, x += 32, x2 += 32) {
-    int32_t dot = 0, dot2 = 0;
+  const int16_t* x = a.q.data() + m0 * a.K;
+  float acc = 0.f, mins = 0.f;
+  for (int64_t b = 0; b < a.nb; ++b, w += B::bytes, x += 32) {
+    int32_t dot = 0;
     for (int l = 0; l < 16; ++l) {
       int lo, hi;
       if constexpr (T == kQ8_0) {
@@ -325,41 +375,41 @@ void int8_tile(const uint8_t* w, int64_t, const QuantizedActivations& a, int64_t
           lo |= ((qh >> l) & 1) << 4;
           hi |= ((qh >> (l + 16)) & 1) << 4;
         }
+        lo -= B::offset;
+        hi -= B::offset;
       }
       dot += lo * x[l] + hi * x[l + 16];
-      dot2 += lo * x2[l] + hi * x2[l + 16];
     }
     const int64_t ab = m0 * a.nb + b;
-    dot = 256 * dot + dot2 - B::offset * a.s[ab];
-    acc += fp16(w) * a.d[ab] * (1.f / 256.f) * static_cast<float>(dot);
-    if constexpr (B::has_min) acc += fp16(w + 2) * a.ds[ab * 8];
+    acc += fp16(w) * a.d[ab] * static_cast<float>(dot);
+    if constexpr (T == kQ4_1) mins += fp16(w + 2) * a.sx[ab];
   }
-  y[0] = acc;
+  y[0] = acc + mins;
 }
 #endif
 
 template <int64_t T, int64_t MR, int64_t NR = kTileRows>
-void int8_tile_n(int64_t rows, const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a, int64_t m0,
-                 float* y, int64_t ldy) {
+void int_tile_n(int64_t rows, const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a, int64_t m0,
+                float* y, int64_t ldy) {
   if constexpr (NR > 1) {
-    if (rows < NR) return int8_tile_n<T, MR, NR - 1>(rows, w, row_bytes, a, m0, y, ldy);
+    if (rows < NR) return int_tile_n<T, MR, NR - 1>(rows, w, row_bytes, a, m0, y, ldy);
   }
-  int8_tile<T, MR, NR>(w, row_bytes, a, m0, y, ldy);
+  int_tile<T, MR, NR>(w, row_bytes, a, m0, y, ldy);
 }
 
 template <int64_t T, int64_t MR = kTileTokens>
-void int8_tile_mn(int64_t tokens, int64_t rows, const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a,
-                  int64_t m0, float* y, int64_t ldy) {
+void int_tile_mn(int64_t tokens, int64_t rows, const uint8_t* w, int64_t row_bytes, const QuantizedActivations& a,
+                 int64_t m0, float* y, int64_t ldy) {
   if constexpr (MR > 1) {
-    if (tokens < MR) return int8_tile_mn<T, MR - 1>(tokens, rows, w, row_bytes, a, m0, y, ldy);
+    if (tokens < MR) return int_tile_mn<T, MR - 1>(tokens, rows, w, row_bytes, a, m0, y, ldy);
   }
-  int8_tile_n<T, MR>(rows, w, row_bytes, a, m0, y, ldy);
+  int_tile_n<T, MR>(rows, w, row_bytes, a, m0, y, ldy);
 }
 
-constexpr int64_t kTokenBlock = 64;  // tokens whose int8 activations stay in L2 while a thread's rows go by
+constexpr int64_t kTokenBlock = 64;  // tokens whose int16 activations stay in L2 while a thread's rows go by
 
 template <int64_t T>
-void int8_linear(const uint8_t* w, int64_t N, int64_t row_bytes, const QuantizedActivations& a, int64_t M, float* y) {
+void int_linear(const uint8_t* w, int64_t N, int64_t row_bytes, const QuantizedActivations& a, int64_t M, float* y) {
   const int64_t tiles = (N + kTileRows - 1) / kTileRows;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t m0 = 0; m0 < M; m0 += kTokenBlock) {
@@ -367,7 +417,7 @@ void int8_linear(const uint8_t* w, int64_t N, int64_t row_bytes, const Quantized
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * kTileRows, rows = std::min(kTileRows, N - n0);
         for (int64_t m = m0; m < m1; m += kTileTokens) {
-          int8_tile_mn<T>(std::min(kTileTokens, m1 - m), rows, w + n0 * row_bytes, row_bytes, a, m, y + m * N + n0, N);
+          int_tile_mn<T>(std::min(kTileTokens, m1 - m), rows, w + n0 * row_bytes, row_bytes, a, m, y + m * N + n0, N);
         }
       }
     }
@@ -421,12 +471,12 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, int64_t qty
       dequant_linear(qtype, w, N, row_bytes, xc.data_ptr<float>(), M, K, y);
     } else {
       thread_local QuantizedActivations a;  // reused: no allocation a call at decode sizes
-      quantize_activations(xc.data_ptr<float>(), M, K, qtype == kQ4_1, a);
+      quantize_activations(xc.data_ptr<float>(), M, K, a);
       switch (qtype) {
-        case kQ8_0: int8_linear<kQ8_0>(w, N, row_bytes, a, M, y); break;
-        case kQ4_0: int8_linear<kQ4_0>(w, N, row_bytes, a, M, y); break;
-        case kQ4_1: int8_linear<kQ4_1>(w, N, row_bytes, a, M, y); break;
-        case kQ5_0: int8_linear<kQ5_0>(w, N, row_bytes, a, M, y); break;
+        case kQ8_0: int_linear<kQ8_0>(w, N, row_bytes, a, M, y); break;
+        case kQ4_0: int_linear<kQ4_0>(w, N, row_bytes, a, M, y); break;
+        case kQ4_1: int_linear<kQ4_1>(w, N, row_bytes, a, M, y); break;
+        case kQ5_0: int_linear<kQ5_0>(w, N, row_bytes, a, M, y); break;
         default: TORCH_CHECK(false, "unsupported type");
       }
     }
@@ -436,6 +486,17 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, int64_t qty
     out.add_(*bias);
   }
   return out;
+}
+
+// The SwiGLU MLP down(silu(gate(x)) * up(x)) on quantized gate_up ([2 I, K], gate rows first) and down
+// ([K', I]) weights: one call where Python made five (two linears, split, silu, mul), with torch's own silu.
+at::Tensor quant_silu_mlp(const at::Tensor& x, const at::Tensor& gate_up, int64_t gate_up_type,
+                          const at::Tensor& down, int64_t down_type) {
+  const at::Tensor h = quant_linear(x, gate_up, gate_up_type, std::nullopt);
+  TORCH_CHECK(h.size(1) % 2 == 0, "gate_up: expected an even number of rows (gate, then up)");
+  const int64_t inter = h.size(1) / 2;
+  const at::Tensor act = at::silu(h.narrow(1, 0, inter)).mul_(h.narrow(1, inter, inter));
+  return quant_linear(act, down, down_type, std::nullopt);
 }
 
 // data [N, row bytes] -> fp32 [N, K], or only the rows `ids` (an embedding lookup) -> [len(ids), K].
@@ -464,10 +525,12 @@ at::Tensor quant_dequantize(const at::Tensor& data, int64_t qtype, int64_t in_fe
 
 TORCH_LIBRARY_FRAGMENT(modelplex_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor data, int qtype, Tensor? bias) -> Tensor");
+  m.def("quant_silu_mlp(Tensor x, Tensor gate_up, int gate_up_type, Tensor down, int down_type) -> Tensor");
   m.def("quant_dequantize(Tensor data, int qtype, int in_features, Tensor? ids) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) {
   m.impl("quant_linear", &quant_linear);
+  m.impl("quant_silu_mlp", &quant_silu_mlp);
   m.impl("quant_dequantize", &quant_dequantize);
 }
