@@ -7,20 +7,17 @@ are tested on the real model in tests/multilora.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import threading
 
 import httpx
 import openai
 import pytest
+from helpers.inprocess import server_in_thread
 
 import modelplex
 from modelplex import BackendSpec, InvalidInput, ModelInstance, TextChunk
-from modelplex.core.plugins import create_plugin_manager
 from modelplex.core.settings import ServerConfig
-from modelplex.server.assembly import Server
 from modelplex.server.cli import main
 
 CONFIG = """backend: "%s"
@@ -100,15 +97,8 @@ def url(layout):
     repo, roots, _ = layout
     settings = ServerConfig(model_repositories=[repo], host="127.0.0.1", http_port=0, allow_grpc=False,
                             allow_metrics=False, lora_adapter_roots=[roots])
-    server = Server(settings, create_plugin_manager(allow=set(), extra=[ToyPlugin()]))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(60)
-    yield f"http://127.0.0.1:{server.ports['http']}"
-    asyncio.run_coroutine_threadsafe(server.stop(), loop).result(60)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    with server_in_thread(settings, ToyPlugin()) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -3,20 +3,17 @@
 its responses back as chunks, counted in its statistics. Real server, real openai client."""
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 
 import httpx
 import numpy as np
 import openai
 import pytest
+from helpers.inprocess import server_in_thread
 
 import modelplex
 from modelplex import BackendSpec, InferResponse, InferTensor, ModelInstance
-from modelplex.core.plugins import create_plugin_manager
 from modelplex.core.settings import ServerConfig
-from modelplex.server.assembly import Server
 
 CONFIG = """backend: "tensor_echo"
 max_batch_size: 0
@@ -68,15 +65,8 @@ def url(tmp_path_factory):
     (repo / "echo" / "config.pbtxt").write_text(CONFIG)
     settings = ServerConfig(model_repositories=[repo], host="127.0.0.1", http_port=0, allow_grpc=False,
                             allow_metrics=False)
-    server = Server(settings, create_plugin_manager(allow=set(), extra=[Plugin()]))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(server.start(), loop).result(60)
-    yield f"http://127.0.0.1:{server.ports['http']}"
-    asyncio.run_coroutine_threadsafe(server.stop(), loop).result(60)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    with server_in_thread(settings, Plugin()) as url:
+        yield url
 
 
 def test_openai_routes_serve_a_tensor_form_model(url):
