@@ -27,6 +27,9 @@ class TritonQuantizedWeight(QuantizedWeight):
     """A QuantizedWeight whose row segments are planes on one device (a fused q/k/v of mixed types keeps one
     a type, stacked by rows in order). It never holds the CPU blocks nor touches the compiled CPU ops."""
 
+    # No CPU segments: the CPU-only fused paths that look for one (silu_mlp, the one-call decode layer) step aside.
+    segments: tuple = ()
+
     def __init__(self, planes: list[QuantPlanes], in_features: int):  # not QuantizedWeight's: no CPU blocks
         from ..kernels.triton_quant import quant_matmul  # imports triton: only where these weights exist
 
