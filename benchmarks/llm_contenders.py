@@ -91,6 +91,7 @@ class PeerProcess:
             self.close()
         else:
             self.info = json.loads(line)
+            self.precision = self.info.get("precision", precision)  # what the peer reports it computes in
 
     def _read_line(self, timeout: float) -> str | None:
         import select
@@ -137,13 +138,14 @@ class PeerProcess:
             os.unlink(self._workload.name)
 
 
-def make_peers(items, args, wanted: set[str]) -> list[PeerProcess]:
+def make_peers(items, args, wanted: set[str], dtype: str) -> list[PeerProcess]:
     """The peers in /work/shared/bench/peers/README.md, from the venvs under args.peers_dir (OpenVINO GenAI
-    from ours)."""
+    from ours). vLLM and OpenVINO GenAI compute at `dtype` (our engine's); llama.cpp and onnxruntime-genai run
+    their fp32 model builds whatever `dtype` is."""
     d, threads, timeout = args.peers_dir, args.threads, args.peer_run_timeout
     hf_dir = os.path.join(d, "smollm2-hf")
     specs = {
-        "vllm": lambda: PeerProcess("vLLM CPU (in-process)", "float32", f"{d}/venv-vllm/bin/python", "vllm_cpu.py",
+        "vllm": lambda: PeerProcess("vLLM CPU (in-process)", dtype, f"{d}/venv-vllm/bin/python", "vllm_cpu.py",
                                     hf_dir, items, threads,
                                     env={"LD_PRELOAD": f"{d}/venv-vllm/lib/libiomp5.so"}, start_timeout=timeout, run_timeout=timeout),
         "llamacpp": lambda: PeerProcess("llama.cpp (F32 GGUF)", "float32", f"{d}/venv-llamacpp/bin/python",
@@ -152,7 +154,7 @@ def make_peers(items, args, wanted: set[str]) -> list[PeerProcess]:
         "ort": lambda: PeerProcess("onnxruntime-genai (static batches of 32)", "float32", f"{d}/venv-ort/bin/python",
                                    "ort_genai.py", f"{d}/smollm2-ort-fp32", items, threads, start_timeout=timeout, run_timeout=timeout),
         # our own venv's openvino-genai, on the IR `make repo` converts into the example repository
-        "ov": lambda: PeerProcess("OpenVINO GenAI (continuous batching)", "float32", sys.executable, "ov_genai.py",
+        "ov": lambda: PeerProcess("OpenVINO GenAI (continuous batching)", dtype, sys.executable, "ov_genai.py",
                                   os.path.join(os.path.dirname(HERE), "examples", "model_repository", "smollm2_ov", "1"),
                                   items, threads, start_timeout=timeout, run_timeout=timeout),
     }

