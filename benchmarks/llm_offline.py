@@ -71,7 +71,8 @@ def run_engine(engine, items, detokenize=True) -> dict:
                     itls.append(now - last[out.request_id])
                 last[out.request_id] = now
             for request in engine.scheduler.running:
-                blocks = len(kv.req_to_blocks.get(request.request_id, ()))
+                tables = kv.req_to_blocks.get(request.request_id)  # one block list per KV group (SmolLM2: one)
+                blocks = len(tables[0]) if tables else 0
                 wasted_slots += blocks * kv.block_size - request.num_computed_tokens  # only the tail block is partial
             allocated_slots += kv.block_pool.num_used_blocks * kv.block_size
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
