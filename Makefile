@@ -54,10 +54,12 @@ bench-host: repo
 # Issue 23's batch comparison: our engine (and its Q8_0 file) vs vLLM CPU and OpenVINO GenAI at bf16, then at fp32,
 # on the fixed 64 x 128 workload, each under the shared benchmark lock; the peers' venvs under PEERS_DIR are set up
 # as /work/shared/bench/peers/README.md says. Results: benchmarks/results/llm_offline-<date>-peers-{bf16,fp32}.md.
+# LLM_PEERS_SKIP=single adds the variable workload (ours on all 256 requests, every engine on the first 32).
 PEERS_DIR ?= /work/peers
+LLM_PEERS_SKIP ?= single,variable,subset
 bench-llm-peers: repo
 	for p in bf16:bfloat16 fp32:float32; do HF_HUB_OFFLINE=1 flock /tmp/bench.lock $(PY) benchmarks/llm_offline.py \
-		--dtype $${p#*:} --peers vllm,ov --runs 3 --skip single,variable,subset --peers-dir $(PEERS_DIR) \
+		--dtype $${p#*:} --peers vllm,ov --runs 3 --skip $(LLM_PEERS_SKIP) --peers-dir $(PEERS_DIR) \
 		--out benchmarks/results/llm_offline-$$(date -u +%F)-peers-$${p%%:*}.json || exit 1; done
 
 clean:

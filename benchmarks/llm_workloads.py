@@ -95,8 +95,10 @@ def cpu_model() -> str:
         return "unknown"
     name = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "unknown")
     flags = next((x.split(":", 1)[1].split() for x in lines if x.startswith("flags")), [])
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{name} ({os.cpu_count()} cores; {', '.join(isa) or 'no AVX2'})"
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16")
+           if f in flags]
+    amx = "" if "amx_bf16" in flags else ", no AMX"
+    return f"{name} ({os.cpu_count()} cores; {' '.join(isa) or 'no AVX2'}{amx})"
 
 
 def wait_quiet(max_foreign_cores: float = 0.5, timeout_s: float = 120.0, window_s: float = 2.0) -> float:
