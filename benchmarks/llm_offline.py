@@ -164,6 +164,7 @@ def parse_args():
                    help="before each timed run, wait up to this long for other processes to use < 0.5 cores")
     p.add_argument("--skip", default="", help="comma list of: single,peer,variable,subset")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--render", default=None, metavar="JSON", help="only rewrite the markdown beside a results JSON")
     args = p.parse_args()
     if args.quick:
         args.num_requests, args.subset, args.peer_prompts, args.peer_gen_tokens, args.runs = 24, 8, 16, 32, 1
@@ -174,6 +175,13 @@ def parse_args():
 
 def main():
     args = parse_args()
+    if args.render:
+        with open(args.render) as f:
+            report = render(json.load(f))
+        with open(os.path.splitext(args.render)[0] + ".md", "w") as f:
+            f.write(report)
+        print(report)
+        return
     import torch
 
     torch.set_num_threads(args.threads)
@@ -241,17 +249,23 @@ def main():
 
 
 def _race_table(rows: list[dict], baseline_name: str) -> list[str]:
+    """One row per engine; "x ours" is the median over rounds of its tok/s over ours in the same round (paired),
+    and the rounds column shows what each round got beside the cores other processes used meanwhile."""
     base = next((r for r in rows if r["name"].startswith(baseline_name) and "tok_s" in r), None)
-    lines = ["| engine | precision | tok/s median (min-max) | x HF | CPU ms / token median | foreign cores median |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    ours = rows[0]["runs"]
+    lines = ["| engine | precision | tok/s median (min-max) | x HF | x ours (paired) | CPU ms / token median "
+             "| foreign cores median | tok/s (foreign cores) per round |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | {r['precision']} | not run: {r['error'][:300]} | | | |")
+            lines.append(f"| {r['name']} | {r['precision']} | not run: {r['error'][:300]} | | | | | |")
             continue
         t, c, f = r["tok_s"], r["cpu_ms_per_token"], r["foreign_cores"]
         ratio = f"{t['median'] / base['tok_s']['median']:.1f}x" if base else ""
+        paired = [x["tok_s"] / o["tok_s"] for x, o in zip(r["runs"], ours) if "error" not in x and "error" not in o]
+        per_round = ", ".join(f"{x['tok_s']:.0f} ({x['foreign_cores']:.2f})" for x in r["runs"] if "error" not in x)
         lines.append(f"| {r['name']} | {r['precision']} | {t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | {ratio} "
-                     f"| {c['median']:.1f} | {f['median']:.2f} |")
+                     f"| {W.summary(paired)['median']:.2f}x | {c['median']:.1f} | {f['median']:.2f} | {per_round} |")
     return lines
 
 
