@@ -12,6 +12,7 @@ does with MODELPLEX_CPU_ATTENTION=torch (for A/B measurements).
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
@@ -33,7 +34,7 @@ _built = False
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = [os.path.join(_CSRC, name)
             for name in ("paged_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp",
-                          "quant_linear.cpp", "decode_layer.cpp")]
+                          "quant_linear.cpp", "quant_gemm.cpp", "decode_layer.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 
@@ -64,7 +65,7 @@ def _build():
     # The folder too: ninja rebuilds when build.ninja names other source paths, so two checkouts of the
     # same sources sharing one build folder rebuilt it in turn (each load waiting minutes on the other's lock).
     digest = hashlib.sha256((_cpu_flags() + " ".join(_CFLAGS) + _CSRC).encode())
-    for source in _SOURCES:
+    for source in _SOURCES + sorted(glob.glob(os.path.join(_CSRC, "*.h"))):
         with open(source, "rb") as f:
             digest.update(f.read())
     # -march=native: the build is cached by name, so the name carries the CPU's flags (and the sources and cflags).
