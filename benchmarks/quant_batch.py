@@ -5,6 +5,7 @@ workload and race), the two engines interleaved round by round in one process, r
 Not a test.
   flock /tmp/bench.lock .venv/bin/python benchmarks/quant_batch.py --model q8.gguf --rounds 3 --out results/x.json
   MODELPLEX_QUANT_GEMM_MIN_TOKENS=1000000 ...   # the integer tiles at every batch size (before quant_gemm.cpp)
+  ... --divergence 8   # then: greedy tokens of the first 8 requests alone vs in the batch, on the quantized engine
 """
 from __future__ import annotations
 
@@ -36,6 +37,22 @@ def make_engine(model: str, quantized: bool, threads: int):
     return engine
 
 
+def divergence(engine, items, count: int) -> dict:
+    """Greedy tokens of items[:count] alone (decode below quant_gemm_min_tokens: the integer tiles) vs in the
+    batch of all items (quant_gemm), on the same engine: how many are identical, and where the others part."""
+    from modelplex_native_gpu.engine.sampling_params import SamplingParams
+
+    def generate(batch):
+        params = SamplingParams(temperature=0, max_tokens=batch[0].max_tokens, ignore_eos=True)
+        return [o[0].token_ids for o in engine.generate([x.prompt_ids for x in batch], params)]
+
+    batched = generate(items)[:count]
+    alone = [generate([x])[0] for x in items[:count]]
+    firsts = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(alone, batched)]
+    return {"requests": count, "identical": sum(f is None for f in firsts),
+            "first_difference_at": [f for f in firsts if f is not None]}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a GGUF file with quantized weights")
@@ -44,6 +61,8 @@ def main():
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--quiet-s", type=float, default=20.0)
+    p.add_argument("--divergence", type=int, default=0,
+                   help="requests also run alone after the race, their greedy tokens compared with the batch's")
     p.add_argument("--out", default=None, help="JSON results here")
     args = p.parse_args()
     import torch
@@ -66,6 +85,9 @@ def main():
         print(f"{row['name']}: tok/s per round {[round(r['tok_s'], 1) for r in row['runs']]}, "
               f"foreign cores {[round(r['foreign_cores'], 2) for r in row['runs']]}")
     print(f"quantized / fp32 per round {[round(r, 3) for r in ratios]}, median {result['ratio_median']:.3f}")
+    if args.divergence:
+        result["divergence"] = divergence(quant.engine, items, args.divergence)
+        print("alone vs batched:", json.dumps(result["divergence"]))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
