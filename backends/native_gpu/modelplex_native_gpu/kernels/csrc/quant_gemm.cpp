@@ -24,6 +24,10 @@
 #include <optional>
 #include <vector>
 
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "linear_tile.h"
 
 namespace {
@@ -46,7 +50,7 @@ inline I16 bytes16(const uint8_t* p) {  // 16 unsigned bytes -> int32 lanes
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 inline I16 nib16(I16 b, int shift) { return _mm512_and_si512(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(0x0F)); }
-// out[0:16] = d * float(q - offset) (+ m where given), gguf's operations: the multiply, then the add.
+// out[0:16] = d * float(q - offset), or d * float(q) + m: gguf's operations (the multiply, then the add).
 inline void store16(float* out, float d, I16 q, int offset) {
   const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(offset)));
   _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_set1_ps(d), v));
