@@ -3,8 +3,9 @@ and (fp32) prefill (csrc/paged_attention.cpp), which reads K/V in place from the
 gathering copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, the
 fp32 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding)
 and the fp32 linear layers on weights packed in column panels (csrc/linear.cpp, see layers/linear.py),
-and linear layers on GGUF-quantized weights (csrc/quant_linear.cpp, see layers/quantized.py), with a whole
-decoder layer at decode in one call on them (csrc/decode_layer.cpp).
+and linear layers on GGUF-quantized weights (csrc/quant_linear.cpp, see layers/quantized.py; batches from
+csrc/quant_gemm.cpp's dequantized fp32 panels), with a whole decoder layer at decode in one call on them
+(csrc/decode_layer.cpp). Headers (csrc/*.h) count in the build's name as the sources do.
 
 The ops are compiled on first use with torch.utils.cpp_extension (gcc, cached under ~/.cache/torch_extensions)
 for this machine's CPU; without a compiler the engine logs why and keeps the torch reference, as it
