@@ -14,8 +14,9 @@
 //   dot products with the unquantized activations.
 // Every output is computed by the same sequence of operations whatever the batch, so a token's outputs do
 // not depend on the tokens batched with it, up to the batch size where a call goes to quant_gemm.cpp instead
-// (quant_gemm_min_tokens: every size for K-quants, whose dequant_linear below is then only the A/B path). Dequantization equals gguf.quants.dequantize bit for bit
-// (same operations in the same order; built with -ffp-contract=off).
+// (quant_gemm_min_tokens: every size for K-quants, whose dequant_linear below is then only the A/B path).
+// Dequantization equals gguf.quants.dequantize bit for bit (same operations in the same order; built with
+// -ffp-contract=off).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
