@@ -43,17 +43,20 @@ def test_bad_weights_are_refused(ops):
 OTHER_BUILD = """
 import sys, torch
 from torch.utils import cpp_extension
-from helpers.quant_check import check_ops
-cpp_extension.load(name="modelplex_quant_" + sys.argv[1], sources=[sys.argv[2]], is_python_module=False,
+from helpers.quant_check import check_gemm, check_ops
+cpp_extension.load(name="modelplex_quant_" + sys.argv[1], sources=sys.argv[2].split(","), is_python_module=False,
                    extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"] + sys.argv[3:])
 check_ops(torch.ops.modelplex_cpu)
+check_gemm(torch.ops.modelplex_cpu)
 print("ok")
 """
 
 
 @pytest.mark.parametrize("flags", [["-mno-avx512f"], ["-mno-avx512f", "-mno-avx2", "-mno-fma"]], ids=["avx2", "portable"])
 def test_the_avx2_and_portable_builds_match(flags):
-    source = os.path.join(os.path.dirname(cpu.__file__), "csrc", "quant_linear.cpp")
+    # quant_gemm.cpp beside quant_linear.cpp, which hands it batches; linear.cpp for the packed fp32 reference
+    csrc = os.path.join(os.path.dirname(cpu.__file__), "csrc")
+    source = ",".join(os.path.join(csrc, f) for f in ("quant_linear.cpp", "quant_gemm.cpp", "linear.cpp"))
     tag = "avx2" if len(flags) == 1 else "portable"
     tests = os.path.dirname(os.path.dirname(__file__))
     result = subprocess.run([sys.executable, "-c", OTHER_BUILD, tag, source, *flags],

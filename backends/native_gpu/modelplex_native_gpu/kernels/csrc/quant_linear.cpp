@@ -13,8 +13,10 @@
 // - Q4_K, Q5_K, Q6_K: a tile of rows dequantized to fp32 (L2-resident, never the whole weight), then fp32
 //   dot products with the unquantized activations.
 // Every output is computed by the same sequence of operations whatever the batch, so a token's outputs do
-// not depend on the tokens batched with it. Dequantization equals gguf.quants.dequantize bit for bit
-// (same operations in the same order; built with -ffp-contract=off).
+// not depend on the tokens batched with it, up to the batch size where a call goes to quant_gemm.cpp instead
+// (quant_gemm_min_tokens: every size for K-quants, whose dequant_linear below is then only the A/B path).
+// Dequantization equals gguf.quants.dequantize bit for bit (same operations in the same order; built with
+// -ffp-contract=off).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -25,6 +27,8 @@
 #include <cstring>
 #include <optional>
 #include <vector>
+
+#include "quant_gemm.h"
 
 #if defined(__F16C__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -467,7 +471,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, int64_t qty
   const int64_t row_bytes = data.size(1);
   float* y = out.data_ptr<float>();
   if (M > 0) {
-    if (qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K) {
+    if (modelplex_quant_gemm::prefers_quant_gemm(qtype, M)) {
+      modelplex_quant_gemm::quant_gemm_into(xc, data, qtype, nullptr, y);
+    } else if (qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K) {
       dequant_linear(qtype, w, N, row_bytes, xc.data_ptr<float>(), M, K, y);
     } else {
       thread_local QuantizedActivations a;  // reused: no allocation a call at decode sizes
