@@ -2,7 +2,7 @@
 
 Not a test. Examples:
   .venv/bin/python benchmarks/llm_offline.py --quick --peers none     # a few minutes, ours and HF only
-  flock /tmp/modelplex-bench.lock .venv/bin/python benchmarks/llm_offline.py   # the full run
+  flock /tmp/bench.lock .venv/bin/python benchmarks/llm_offline.py   # the full run
 Workloads: the peers' fixed batch (64 prompts x 128 tokens, 128 greedy new tokens, EOS ignored) and the
 variable one (256 requests, prompts 32-1024, outputs 16-512, a quarter sharing a 512-token system prompt).
 Contenders run round by round (interleaved) in the same run; peers are runner subprocesses in their own
