@@ -109,3 +109,22 @@ def test_without_avx512_bf16_the_ops_are_not_registered():
     source = os.path.join(os.path.dirname(cpu.__file__), "csrc", "linear_bf16.cpp")
     result = subprocess.run([sys.executable, "-c", WITHOUT_BF16, source], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and result.stdout.strip().endswith("absent"), result.stderr[-3000:]
+
+
+def test_a_bf16_linear_layer_packs_into_the_panels_and_gives_fp32_logits(bf16_ops):
+    """layers/linear.py: a bf16 weight goes into our panels (oneDNN's layout otherwise); forward rounds the
+    sums to bf16 once, forward_fp32 (the LM head's logits) keeps them."""
+    from modelplex_native_gpu.layers.linear import Linear
+
+    g = torch.Generator().manual_seed(3)
+    layer = Linear(96, 200, bias=True).to(torch.bfloat16)
+    layer.load([torch.randn(200, 96, generator=g).bfloat16()])
+    layer.bias.copy_(torch.randn(200, generator=g))
+    weight = layer.weight.clone()
+    layer.pack(batch_size_hint=64)
+    assert layer.weight is None and layer.cpu_linear == bf16_ops.packed_linear_bf16
+    x = torch.randn(9, 96, generator=g).bfloat16()
+    logits = layer.forward_fp32(x)
+    assert logits.dtype == torch.float32
+    check(logits, x, weight, layer.bias, "forward_fp32")
+    assert torch.equal(layer.forward(x), logits.bfloat16())

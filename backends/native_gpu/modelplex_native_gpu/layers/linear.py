@@ -37,6 +37,13 @@ class Linear(nn.Module):
             return self.cpu_linear(x, self.packed_weight, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
+    def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in fp32 (the logits): our bf16 panels write their fp32 sums instead of rounding them to
+        bf16 and converting back."""
+        if self.cpu_linear is not None and self.packed_weight.dtype == torch.bfloat16:
+            return self.cpu_linear(x, self.packed_weight, self.out_features, self.bias, torch.float32)
+        return self.forward(x).float()
+
     def load(self, parts: list) -> None:
         """Take the weight from its output slices in order (q, k, v; gate, up; or one): float tensors are
         copied into `weight`; quantized ones (lazy loader sources, or a QuantizedWeight already read, such as
