@@ -36,8 +36,11 @@ class HFStatic:
         import torch
         from transformers import AutoModelForCausalLM
 
-        folder, name = os.path.split(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+        if os.path.isdir(model_path):  # an HF folder (the peers' dense weights)
+            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        else:
+            folder, name = os.path.split(model_path)
+            self.model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
         self.batch_size = batch_size
         self.name = f"HF transformers generate (static batches of {batch_size})"
 

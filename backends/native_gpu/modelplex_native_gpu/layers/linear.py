@@ -3,9 +3,10 @@
 Plain bf16 F.linear on CPU reorders the weight on every call, and fp32 F.linear goes to MKL, whose
 sgemm on AMD CPUs runs ~10x below oneDNN's AVX2 kernels at decode shapes. So the weight is packed
 once: fp32 into our own column panels (kernels/csrc/linear.cpp: memory-speed at one token, where
-oneDNN's call overhead alone was ~11 us; at or above oneDNN's rate at 8-256 tokens), bf16 for
-oneDNN (as torch inductor's freezing pass does). fp32 greedy output stays token-identical to HF on
-the parity prompts (tests/native_gpu/test_hf_parity.py).
+oneDNN's call overhead alone was ~11 us; at or above oneDNN's rate at 8-256 tokens), bf16 into our
+panels of k pairs for vdpbf16ps where the CPU has AVX512_BF16 (kernels/csrc/linear_bf16.cpp:
+benchmarks/results/linear_bf16.md), else for oneDNN (as torch inductor's freezing pass does). fp32
+greedy output stays token-identical to HF on the parity prompts (tests/native_gpu/test_hf_parity.py).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.out_features = out_features
         self.packed_weight: torch.Tensor | None = None
-        self.cpu_ops = None  # torch.ops.modelplex_cpu when packed_weight is in its panels, else oneDNN's
+        self.cpu_linear = None  # the compiled op multiplying packed_weight in our panels; None: oneDNN's layout
         self.quantized: QuantizedWeight | None = None  # a GGUF file's blocks (then weight is None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -32,9 +33,16 @@ class Linear(nn.Module):
             return self.quantized.linear(x, self.bias)
         if self.packed_weight is None:
             return F.linear(x, self.weight, self.bias)
-        if self.cpu_ops is not None:
-            return self.cpu_ops.packed_linear(x, self.packed_weight, self.out_features, self.bias)
+        if self.cpu_linear is not None:
+            return self.cpu_linear(x, self.packed_weight, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:
+        """The product in fp32 (the logits): our bf16 panels write their fp32 sums instead of rounding them to
+        bf16 and converting back."""
+        if self.cpu_linear is not None and self.packed_weight.dtype == torch.bfloat16:
+            return self.cpu_linear(x, self.packed_weight, self.out_features, self.bias, torch.float32)
+        return self.forward(x).float()
 
     def load(self, parts: list) -> None:
         """Take the weight from its output slices in order (q, k, v; gate, up; or one): float tensors are
@@ -54,19 +62,31 @@ class Linear(nn.Module):
         return [self.weight if self.packed_weight is None else self.packed_weight]
 
     def pack(self, batch_size_hint: int, keep_weight: bool = False, cpu_ops=None):
-        """Hold the weight packed for CPU matmuls: in our panels when `cpu_ops` (the compiled
-        torch.ops.modelplex_cpu) is given and the weight is fp32, else in oneDNN's blocked layout for
-        `batch_size_hint` rows. The plain copy is dropped (`weight` becomes None: the model's memory is
-        not twice its weights) unless `keep_weight`: something else reads it (a tied embedding).
-        Quantized weights stay as they are."""
+        """Hold the weight packed for CPU matmuls: in our panels when the weight is fp32 and `cpu_ops` (the
+        compiled torch.ops.modelplex_cpu) is given, or bf16 and the compiled ops have the bf16 linear (built
+        where the CPU has AVX512_BF16; looked up here: the runner passes `cpu_ops` for fp32 engines only),
+        else in oneDNN's blocked layout for `batch_size_hint` rows. The plain copy is dropped (`weight`
+        becomes None: the model's memory is not twice its weights) unless `keep_weight`: something else
+        reads it (a tied embedding). Quantized weights stay as they are."""
         if self.quantized is not None:
             return
         if cpu_ops is not None and self.weight.dtype == torch.float32:
-            self.packed_weight, self.cpu_ops = cpu_ops.pack_linear_weight(self.weight), cpu_ops
+            self.packed_weight, self.cpu_linear = cpu_ops.pack_linear_weight(self.weight), cpu_ops.packed_linear
+        elif self.weight.dtype == torch.bfloat16 and (bf16_ops := _bf16_linear_ops()) is not None:
+            self.packed_weight = bf16_ops.pack_linear_weight_bf16(self.weight)
+            self.cpu_linear = bf16_ops.packed_linear_bf16
         else:
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch_size_hint)
         if not keep_weight:
             self.weight = None
+
+
+def _bf16_linear_ops():
+    """torch.ops.modelplex_cpu where it was built with the bf16 linear (an AVX512_BF16 CPU), else None."""
+    from ..kernels import cpu
+
+    ops = cpu.compiled_ops()
+    return ops if ops is not None and hasattr(ops, "packed_linear_bf16") else None
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:

@@ -186,7 +186,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on the rows that sample; logits are fp32 for the sampler."""
-        return self.lm_head(self.norm(hidden)).float()
+        return self.lm_head.forward_fp32(self.norm(hidden))
 
     def pack_linear_weights(self, batch_size_hint: int, cpu_ops=None):
         for module in self.modules():
