@@ -45,11 +45,25 @@ def test_matches_reference(num_heads, num_kv_heads, head_dim):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_bfloat16_cache_matches_reference():
-    case = make_case(3, 8, 2, 64, [5, 40, 77], dtype=torch.bfloat16)
-    got = cpu.paged_decode_attention(*case, 0.125)
-    want = reference.paged_decode_attention(*case, 0.125)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+# bf16: K/V widened to fp32 as read, the fp32 kernels' arithmetic, one rounding of the output to bf16. Bound
+# against float64 attention over the same bf16 inputs: half a bf16 ulp (rtol 2^-8 covers it) plus fp32 noise.
+BF16_RTOL, BF16_ATOL = 2 ** -8, 1e-5
+
+
+def float64_case(case):
+    return [t.double() if t.is_floating_point() else t for t in case]
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (8, 2, 24), (6, 1, 80)])
+def test_bfloat16_decode_is_within_a_rounding_of_float64(num_heads, num_kv_heads, head_dim):
+    """(9, 3, 64): the AVX-512 passes; 24: the scalar ones; 80: vector scores, scalar values."""
+    lens = [1, 16, 17, 100, 203]
+    case = make_case(len(lens), num_heads, num_kv_heads, head_dim, lens, dtype=torch.bfloat16)
+    scale = head_dim ** -0.5
+    got = cpu.paged_decode_attention(*case, scale)
+    want = reference.paged_decode_attention(*float64_case(case), scale)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, rtol=BF16_RTOL, atol=BF16_ATOL)
 
 
 def test_padding_and_other_blocks_are_never_read():
@@ -100,6 +114,16 @@ def test_prefill_matches_reference(num_heads, num_kv_heads, head_dim):
     want = reference.prefix_prefill_attention(*case, scale)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(cpu.prefix_prefill_attention(*case, scale), got)  # what the layer calls in fp32
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (8, 2, 24)])
+def test_bfloat16_prefill_is_within_a_rounding_of_float64(num_heads, num_kv_heads, head_dim):
+    query, *rest = make_prefill_case(PREFILL_CHUNKS, num_heads, num_kv_heads, head_dim)
+    case = [query.bfloat16(), rest[0].bfloat16(), rest[1].bfloat16(), *rest[2:]]
+    scale = head_dim ** -0.5
+    got = cpu.compiled_ops().prefill_attention(*case, scale)
+    want = reference.prefix_prefill_attention(*float64_case(case), scale)
+    torch.testing.assert_close(got.double(), want, rtol=BF16_RTOL, atol=BF16_ATOL)
 
 
 def test_prefill_reads_no_padding_other_blocks_or_later_slots():

@@ -39,9 +39,60 @@ def test_rotary_embedding_in_place_is_bit_identical_to_torch(ops):
     assert torch.equal(qkv[:, 12 * 64:], v_before)  # the value heads beside them are untouched
 
 
+# A float rounded to bf16 (8 significant bits, to nearest) is off by at most 2^-8 of itself.
+BF16_ROUNDING = 2 ** -8
+
+
+@pytest.mark.parametrize("tokens,hidden", [(1, 576), (37, 576), (3, 100)])
+def test_bf16_norm_is_within_two_roundings_of_float64(ops, tokens, hidden):
+    """bf16 rows: the statistics in fp32, x * rsqrt rounded to bf16, times the bf16 weight rounded again (as
+    RMSNorm.forward). Bound: those two roundings, 2 * 2^-8 of the float64 result (fp32 noise is far below);
+    torch's bf16 ops differ only in the order of the fp32 sum of squares: equal nearly everywhere."""
+    g = torch.Generator().manual_seed(tokens)
+    layer = norm(hidden).to(torch.bfloat16)
+    x = torch.randn(tokens, hidden, generator=g).bfloat16()
+    residual = (torch.randn(tokens, hidden, generator=g) * 4).bfloat16()
+    want_residual = (x.double() + residual.double()).bfloat16()  # the add rounds once
+    got_x, got_residual = layer.add_and_norm(x.clone(), residual.clone(), ops)
+    assert torch.equal(got_residual, want_residual)
+    for got, rows in ((got_x, want_residual), (layer.norm(x, ops), x)):
+        exact = layer.weight.double() * rows.double() * (rows.double().pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt()
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.double(), exact, rtol=2 * BF16_ROUNDING, atol=1e-12)
+    torch_x, torch_residual = layer.add_and_norm(x, residual)
+    assert torch.equal(torch_residual, got_residual)
+    torch.testing.assert_close(got_x.double(), torch_x.double(), rtol=2 * BF16_ROUNDING, atol=0)
+    assert (got_x == torch_x).double().mean() > 0.99
+
+
+def test_bf16_rotary_embedding_is_bit_identical_to_torchs_bf16_ops(ops):
+    """Each product and sum rounded to bf16 as torch's bf16 ops round them (the reference HF runs at bf16);
+    their distance to the float64 rotation of the same bf16 inputs is bounded by those three roundings."""
+    g = torch.Generator().manual_seed(4)
+    rope = RotaryEmbedding(64, 512, 10000.0)
+    positions = torch.tensor([0, 5, 17, 511, 200])
+    cos, sin = rope.table(positions, torch.bfloat16)
+    qkv = torch.randn(5, (9 + 3 + 3) * 64, generator=g).bfloat16()
+    qk = qkv[:, :12 * 64].view(5, 12, 64)
+    want = RotaryEmbedding.apply(qk, cos, sin)
+    exact = RotaryEmbedding.apply(qk.double(), cos.double(), sin.double())
+    terms = qk.double().abs() * cos.double().abs() + qk.double().roll(32, -1).abs() * sin.double().abs()
+    v_before = qkv[:, 12 * 64:].clone()
+    ops.rotary_embedding(qk, cos, sin)
+    assert torch.equal(qk, want)
+    assert torch.equal(qkv[:, 12 * 64:], v_before)
+    assert ((qk.double() - exact).abs() <= BF16_ROUNDING * (terms + exact.abs())).all()
+
+
 def test_bad_shapes_are_refused(ops):
     layer = norm(64)
     with pytest.raises(RuntimeError, match="weight"):
         ops.rms_norm(torch.randn(2, 32), layer.weight, 1e-5)
     with pytest.raises(RuntimeError, match="cos/sin"):
         ops.rotary_embedding(torch.randn(2, 3, 64), torch.randn(3, 64), torch.randn(3, 64))
+    with pytest.raises(RuntimeError, match="weight"):  # dtypes must agree
+        ops.rms_norm(torch.randn(2, 64).bfloat16(), layer.weight, 1e-5)
+    with pytest.raises(RuntimeError, match="cos/sin"):
+        ops.rotary_embedding(torch.randn(2, 3, 64).bfloat16(), torch.randn(2, 64), torch.randn(2, 64))
+    with pytest.raises(RuntimeError, match="fp32 or bf16"):
+        ops.rms_norm(torch.randn(2, 64).half(), layer.weight.half(), 1e-5)

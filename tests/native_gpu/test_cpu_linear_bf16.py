@@ -121,7 +121,7 @@ def test_a_bf16_linear_layer_packs_into_the_panels_and_gives_fp32_logits(bf16_op
     layer.load([torch.randn(200, 96, generator=g).bfloat16()])
     layer.bias.copy_(torch.randn(200, generator=g))
     weight = layer.weight.clone()
-    layer.pack(batch_size_hint=64)
+    layer.pack(batch_size_hint=64, cpu_ops=bf16_ops)
     assert layer.weight is None and layer.cpu_linear == bf16_ops.packed_linear_bf16
     x = torch.randn(9, 96, generator=g).bfloat16()
     logits = layer.forward_fp32(x)

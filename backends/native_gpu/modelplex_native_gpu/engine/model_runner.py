@@ -21,6 +21,7 @@ from ..layers.norm import RMSNorm
 from ..loader import LoadedWeights
 from ..models import model_class
 from .cuda_graphs import CudaGraphRunner, capture_sizes
+from .huge_pages import zeros_on_huge_pages
 from .kv_cache_groups import group_layers, group_size
 from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .sampler import Sampler, SamplerOutput
@@ -75,11 +76,11 @@ class ModelRunner:
         if self.device.type == "cuda":
             quantized_triton.to_device(self.model, self.device)  # the blocks read on the host, as planes
         self.model.eval()
-        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
         if can_pack(self.device, self.dtype):
-            # fp32 weights go into the compiled ops' panels (None without a compiler: oneDNN's layout then)
-            self.model.pack_linear_weights(batch_size_hint=64, cpu_ops=kernels.compiled_ops() if cpu_fp32 else None)
-        if cpu_fp32:
+            # fp32 (and bf16 where built) weights go into the compiled ops' panels (None without a compiler:
+            # oneDNN's layout then)
+            self.model.pack_linear_weights(batch_size_hint=64, cpu_ops=kernels.compiled_ops())
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             self.model.fused_ops = kernels.compiled_ops()  # None without a compiler: torch ops then
         self.sampler = Sampler(self.device)
         self.kv_cache: torch.Tensor | None = None
@@ -137,7 +138,10 @@ class ModelRunner:
         shape = (a.num_key_value_heads, num_blocks, self.block_size) if head_major else \
             (num_blocks, self.block_size, a.num_key_value_heads)
         slots = group_size(self.kv_groups)
-        self.kv_cache = torch.zeros(2, slots, *shape, a.head_dim, dtype=self.dtype, device=self.device)
+        if head_major:  # scattered block reads: huge pages spare most TLB misses (engine/huge_pages.py)
+            self.kv_cache = zeros_on_huge_pages((2, slots, *shape, a.head_dim), self.dtype)
+        else:
+            self.kv_cache = torch.zeros(2, slots, *shape, a.head_dim, dtype=self.dtype, device=self.device)
         if head_major:
             self.kv_cache = self.kv_cache.permute(0, 1, 3, 4, 2, 5)  # same [.., num_blocks, block_size, Hkv, D] view
         for group in self.kv_groups:  # layer j of every group shares cache slot j (each group its own blocks)

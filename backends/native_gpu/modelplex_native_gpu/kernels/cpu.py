@@ -1,7 +1,7 @@
 """The CPU execution path: the torch reference kernels, except small C++ ops: paged attention, decode
 and (fp32) prefill (csrc/paged_attention.cpp), which reads K/V in place from the paged cache instead of
 gathering copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, the
-fp32 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding)
+fp32 and bf16 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding)
 and the fp32 linear layers on weights packed in column panels (csrc/linear.cpp, see layers/linear.py),
 the bf16 ones likewise with vdpbf16ps where the CPU has AVX512_BF16 (csrc/linear_bf16.cpp),
 and linear layers on GGUF-quantized weights (csrc/quant_linear.cpp, see layers/quantized.py; batches from
@@ -98,8 +98,10 @@ def plan_decode(block_tables, context_lens, block_size):
 
 def prefix_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                              max_query_len=None, key=None, value=None):
-    """fp32: the compiled op, which reads every K/V from the cache (the layer stored the chunk's first);
-    bf16 keeps torch's SDPA, whose CPU flash kernel has bf16 matmuls."""
+    """fp32: the compiled op, which reads every K/V from the cache (the layer stored the chunk's first).
+    bf16 keeps torch's SDPA (HF's bf16 attention): the op's bf16 path (fp32 softmax and products, one
+    rounding) is as close to fp32, but not the same rounding, and greedy answers whose fp32 margin is below
+    a bf16 ulp of the logits (tests/native_gpu/test_engine_api.py's) then change."""
     ops = compiled_ops()
     if ops is None or query.dtype != torch.float32 or k_cache.dtype != torch.float32:
         return _reference_prefill(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,

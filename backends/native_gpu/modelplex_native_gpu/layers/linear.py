@@ -63,30 +63,21 @@ class Linear(nn.Module):
 
     def pack(self, batch_size_hint: int, keep_weight: bool = False, cpu_ops=None):
         """Hold the weight packed for CPU matmuls: in our panels when the weight is fp32 and `cpu_ops` (the
-        compiled torch.ops.modelplex_cpu) is given, or bf16 and the compiled ops have the bf16 linear (built
-        where the CPU has AVX512_BF16; looked up here: the runner passes `cpu_ops` for fp32 engines only),
-        else in oneDNN's blocked layout for `batch_size_hint` rows. The plain copy is dropped (`weight`
+        compiled torch.ops.modelplex_cpu) is given, or bf16 and they have the bf16 linear (built where the
+        CPU has AVX512_BF16), else in oneDNN's blocked layout for `batch_size_hint` rows. The plain copy is dropped (`weight`
         becomes None: the model's memory is not twice its weights) unless `keep_weight`: something else
         reads it (a tied embedding). Quantized weights stay as they are."""
         if self.quantized is not None:
             return
         if cpu_ops is not None and self.weight.dtype == torch.float32:
             self.packed_weight, self.cpu_linear = cpu_ops.pack_linear_weight(self.weight), cpu_ops.packed_linear
-        elif self.weight.dtype == torch.bfloat16 and (bf16_ops := _bf16_linear_ops()) is not None:
-            self.packed_weight = bf16_ops.pack_linear_weight_bf16(self.weight)
-            self.cpu_linear = bf16_ops.packed_linear_bf16
+        elif self.weight.dtype == torch.bfloat16 and cpu_ops is not None and hasattr(cpu_ops, "packed_linear_bf16"):
+            self.packed_weight = cpu_ops.pack_linear_weight_bf16(self.weight)
+            self.cpu_linear = cpu_ops.packed_linear_bf16
         else:
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch_size_hint)
         if not keep_weight:
             self.weight = None
-
-
-def _bf16_linear_ops():
-    """torch.ops.modelplex_cpu where it was built with the bf16 linear (an AVX512_BF16 CPU), else None."""
-    from ..kernels import cpu
-
-    ops = cpu.compiled_ops()
-    return ops if ops is not None and hasattr(ops, "packed_linear_bf16") else None
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:

@@ -100,8 +100,8 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, rope, x, residual, meta, ops=None):
         """x: the output of the previous layer's MLP (the embeddings at the first layer, where
         `residual` is None); the residual stream is x + residual. -> the same pair for the next layer."""
-        if ops is not None and meta.num_decode_tokens == x.shape[0]:
-            weights = self.quantized_decode_weights()
+        if ops is not None and meta.num_decode_tokens == x.shape[0] and x.dtype == torch.float32:
+            weights = self.quantized_decode_weights()  # an fp32 op (csrc/decode_layer.cpp)
             if weights is not None and rope[0].shape[-1] == self.self_attn.head_dim:
                 return self._quantized_decode(weights, rope, x, residual, meta, ops)
         if residual is None:
@@ -186,7 +186,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on the rows that sample; logits are fp32 for the sampler."""
-        return self.lm_head.forward_fp32(self.norm(hidden))
+        return self.lm_head.forward_fp32(self.norm.norm(hidden.contiguous(), self.fused_ops))
 
     def pack_linear_weights(self, batch_size_hint: int, cpu_ops=None):
         for module in self.modules():

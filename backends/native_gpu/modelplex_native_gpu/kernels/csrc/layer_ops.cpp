@@ -1,17 +1,47 @@
-// The decoder layer's small fp32 ops fused for the CPU path (vLLM's CPU backend fuses the same ones):
+// The decoder layer's small ops fused for the CPU path (vLLM's CPU backend fuses the same ones):
 // RMSNorm with the residual add, and the rotary embedding, in place. One call where torch runs five to
 // eight ops, each with its own dispatch and temporaries: at one token a step these were a fifth of it.
 // Built with -ffp-contract=off: the rotation rounds each product and sum exactly as torch's ops do.
+// fp32 and bf16; bf16 rounds where the torch ops it replaces (layers/norm.py, layers/rotary.py) round:
+// the norm's statistics in fp32, x * rsqrt(...) rounded to bf16 before the weight multiplies it; each
+// product and sum of the rotation rounded to bf16; the residual add rounded once.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
 
 namespace {
 
 constexpr int64_t kLanes = 8;
+
+// x rounded to the nearest bf16 (ties to even), as a float: what torch's bf16 ops store. NaN stays NaN.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  u = (u & 0x7FFFFFFFu) > 0x7F800000u ? (u | 0x00400000u) & 0xFFFF0000u : rounded;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+inline float bf16_to_float(at::BFloat16 x) {
+  const uint32_t u = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The top half of a float already rounded by round_bf16.
+inline at::BFloat16 float_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return at::BFloat16(static_cast<uint16_t>(u >> 16), at::BFloat16::from_bits());
+}
 
 // HF's LlamaRMSNorm on one row: weight * (x * rsqrt(mean(x^2) + eps)).
 inline void rms_norm_row(const float* x, const float* weight, float* out, int64_t n, double eps) {
@@ -27,16 +57,47 @@ inline void rms_norm_row(const float* x, const float* weight, float* out, int64_
   for (i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * scale);
 }
 
+// rms_norm_row for bf16 rows: statistics in fp32 over the bf16 values, as RMSNorm.forward computes them.
+void rms_norm_row_bf16(const at::BFloat16* x, const at::BFloat16* weight, at::BFloat16* out, int64_t n, double eps,
+                       float* xf) {
+  for (int64_t i = 0; i < n; ++i) xf[i] = bf16_to_float(x[i]);
+  float partial[kLanes] = {0};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) partial[j] += xf[i + j] * xf[i + j];
+  }
+  float sum = 0.f;
+  for (int64_t j = 0; j < kLanes; ++j) sum += partial[j];
+  for (; i < n; ++i) sum += xf[i] * xf[i];
+  const float scale = 1.f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
+  for (i = 0; i < n; ++i) xf[i] = round_bf16(bf16_to_float(weight[i]) * round_bf16(xf[i] * scale));
+  for (i = 0; i < n; ++i) out[i] = float_to_bf16(xf[i]);
+}
+
+bool is_float_or_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
 void check_rows(const at::Tensor& t, const at::Tensor& weight, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 2 && t.is_contiguous(), name, ": expected contiguous fp32 [tokens, hidden]");
-  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 1 && weight.is_contiguous() && weight.size(0) == t.size(1),
-              "weight: expected fp32 [hidden]");
+  TORCH_CHECK(is_float_or_bf16(t) && t.dim() == 2 && t.is_contiguous(), name,
+              ": expected contiguous fp32 or bf16 [tokens, hidden]");
+  TORCH_CHECK(weight.scalar_type() == t.scalar_type() && weight.dim() == 1 && weight.is_contiguous() &&
+              weight.size(0) == t.size(1), "weight: expected [hidden] in the dtype of ", name);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, weight, "x");
   auto out = at::empty_like(x);
   const int64_t n = x.size(1);
+  if (x.scalar_type() == at::kBFloat16) {
+    const at::BFloat16 *in = x.data_ptr<at::BFloat16>(), *w = weight.data_ptr<at::BFloat16>();
+    at::BFloat16* o = out.data_ptr<at::BFloat16>();
+    at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> xf(n);
+      for (int64_t t = begin; t < end; ++t) rms_norm_row_bf16(in + t * n, w, o + t * n, n, eps, xf.data());
+    });
+    return out;
+  }
   const float *in = x.data_ptr<float>(), *w = weight.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
@@ -51,6 +112,20 @@ void fused_add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& wei
   check_rows(residual, weight, "residual");
   TORCH_CHECK(x.sizes() == residual.sizes(), "x and residual shapes differ");
   const int64_t n = x.size(1);
+  if (x.scalar_type() == at::kBFloat16) {
+    const at::BFloat16* w = weight.data_ptr<at::BFloat16>();
+    at::BFloat16 *xs = x.data_ptr<at::BFloat16>(), *rs = residual.data_ptr<at::BFloat16>();
+    at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> xf(n);
+      for (int64_t t = begin; t < end; ++t) {
+        at::BFloat16 *r = rs + t * n, *row = xs + t * n;
+        for (int64_t i = 0; i < n; ++i) xf[i] = round_bf16(bf16_to_float(r[i]) + bf16_to_float(row[i]));
+        for (int64_t i = 0; i < n; ++i) r[i] = float_to_bf16(xf[i]);
+        rms_norm_row_bf16(r, w, row, n, eps, xf.data());
+      }
+    });
+    return;
+  }
   const float* w = weight.data_ptr<float>();
   float *xs = x.data_ptr<float>(), *rs = residual.data_ptr<float>();
   at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
@@ -65,14 +140,48 @@ void fused_add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& wei
 
 // HF's rotate_half convention, in place on [tokens, heads, head_dim] (heads may be a strided slice):
 // x1' = x1 * cos1 - x2 * sin1, x2' = x2 * cos2 + x1 * sin2 (halves of head_dim). cos/sin: [tokens, head_dim].
+// bf16: the same rotation with every product and sum rounded to bf16 (cos/sin bf16, as the model's table).
+void rotary_embedding_bf16(at::Tensor qk, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t tokens = qk.size(0), heads = qk.size(1), dim = qk.size(2), half = dim / 2;
+  const at::BFloat16 *c = cos.data_ptr<at::BFloat16>(), *s = sin.data_ptr<at::BFloat16>();
+  at::BFloat16* base = qk.data_ptr<at::BFloat16>();
+  const int64_t token_stride = qk.stride(0), head_stride = qk.stride(1);
+  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> ct(dim), st(dim), a(half), b(half);
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t i = 0; i < dim; ++i) {
+        ct[i] = bf16_to_float(c[t * dim + i]);
+        st[i] = bf16_to_float(s[t * dim + i]);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        at::BFloat16* x = base + t * token_stride + h * head_stride;
+        for (int64_t i = 0; i < half; ++i) {
+          a[i] = bf16_to_float(x[i]);
+          b[i] = bf16_to_float(x[i + half]);
+        }
+        for (int64_t i = 0; i < half; ++i) {
+          a[i] = round_bf16(round_bf16(a[i] * ct[i]) + round_bf16(-b[i] * st[i]));
+          b[i] = round_bf16(round_bf16(b[i] * ct[i + half]) + round_bf16(bf16_to_float(x[i]) * st[i + half]));
+        }
+        for (int64_t i = 0; i < half; ++i) {
+          x[i] = float_to_bf16(a[i]);
+          x[i + half] = float_to_bf16(b[i]);
+        }
+      }
+    }
+  });
+}
+
 void rotary_embedding(at::Tensor qk, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(qk.scalar_type() == at::kFloat && qk.dim() == 3 && qk.stride(2) == 1, "qk: expected fp32 [tokens, heads, head_dim]");
+  TORCH_CHECK(is_float_or_bf16(qk) && qk.dim() == 3 && qk.stride(2) == 1,
+              "qk: expected fp32 or bf16 [tokens, heads, head_dim]");
   const int64_t tokens = qk.size(0), heads = qk.size(1), dim = qk.size(2), half = dim / 2;
   TORCH_CHECK(dim % 2 == 0, "head_dim must be even");
   for (const auto* t : {&cos, &sin}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == tokens * dim,
-                "cos/sin: expected contiguous fp32 [tokens, head_dim]");
+    TORCH_CHECK(t->scalar_type() == qk.scalar_type() && t->is_contiguous() && t->numel() == tokens * dim,
+                "cos/sin: expected contiguous [tokens, head_dim] in the dtype of qk");
   }
+  if (qk.scalar_type() == at::kBFloat16) return rotary_embedding_bf16(qk, cos, sin);
   const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
   float* base = qk.data_ptr<float>();
   const int64_t token_stride = qk.stride(0), head_stride = qk.stride(1);

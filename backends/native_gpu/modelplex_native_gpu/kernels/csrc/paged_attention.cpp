@@ -57,6 +57,41 @@ inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256
   return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
 }
 
+#if defined(__AVX512F__)
+// 16 elements of a K or V row as floats (bf16 widened exactly: its bits are a float's top half).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// AVX-512, head_dim % 16 == 0: 16 dims a step; each token's 16 lanes folded to 8 before the reduction tree.
+// Scores the tokens in groups of eight; returns the first token left (the caller does the tail).
+template <typename scalar_t>
+int64_t block_scores512(const float* qf, const scalar_t* k, int64_t token_stride, int64_t n, int64_t group,
+                        int64_t head_dim, float* scores, int64_t stride) {
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const scalar_t* kt = k + t * token_stride;
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf + g * head_dim;
+      __m512 a[8];
+      for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 16) {
+        const __m512 q = _mm512_loadu_ps(qg + d);
+        for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(q, load16(kt + j * token_stride + d), a[j]);
+      }
+      __m256 h[8];
+      for (int j = 0; j < 8; ++j)
+        h[j] = _mm256_add_ps(_mm512_castps512_ps256(a[j]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[j]), 1)));
+      _mm256_storeu_ps(scores + g * stride + t, sum8(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]));
+    }
+  }
+  return t;
+}
+#endif
+
 template <>
 void block_scores<float>(const float* qf, const float* k, int64_t token_stride, int64_t n, int64_t group,
                          int64_t head_dim, float* scores, int64_t stride) {
@@ -71,25 +106,7 @@ void block_scores<float>(const float* qf, const float* k, int64_t token_stride, 
   }
   int64_t t = 0;
 #if defined(__AVX512F__)
-  // AVX-512: 16 dims a step; each token's 16 lanes folded to 8 before the same reduction tree.
-  if (head_dim % 16 == 0)
-    for (; t + 8 <= n; t += 8) {
-      const float* kt = k + t * token_stride;
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qg = qf + g * head_dim;
-        __m512 a[8];
-        for (int j = 0; j < 8; ++j) a[j] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < head_dim; d += 16) {
-          const __m512 q = _mm512_loadu_ps(qg + d);
-          for (int j = 0; j < 8; ++j) a[j] = _mm512_fmadd_ps(q, _mm512_loadu_ps(kt + j * token_stride + d), a[j]);
-        }
-        __m256 h[8];
-        for (int j = 0; j < 8; ++j)
-          h[j] = _mm256_add_ps(_mm512_castps512_ps256(a[j]),
-                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[j]), 1)));
-        _mm256_storeu_ps(scores + g * stride + t, sum8(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]));
-      }
-    }
+  if (head_dim % 16 == 0) t = block_scores512(qf, k, token_stride, n, group, head_dim, scores, stride);
 #endif
   for (; t + 8 <= n; t += 8) {
     const float* kt = k + t * token_stride;
@@ -143,15 +160,15 @@ inline void accumulate512(const float* p, const float* v, int64_t token_stride, 
 // As accumulate512<4> for each of G query heads at once (64 dims of each): a token's values are loaded
 // once for all G, and the G x 4 accumulator chains are independent, so the FMAs issue back to back
 // instead of waiting on each other's latency. Each accumulator sums in token order, as before.
-template <int G>
-inline void accumulate_heads512(const float* p, int64_t p_stride, const float* v, int64_t token_stride, int64_t n,
+template <int G, typename scalar_t>
+inline void accumulate_heads512(const float* p, int64_t p_stride, const scalar_t* v, int64_t token_stride, int64_t n,
                                 float* acc, int64_t acc_stride) {
   __m512 a[G][4];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < 4; ++j) a[g][j] = _mm512_loadu_ps(acc + g * acc_stride + 16 * j);
   for (int64_t t = 0; t < n; ++t) {
     __m512 vt[4];
-    for (int j = 0; j < 4; ++j) vt[j] = _mm512_loadu_ps(v + t * token_stride + 16 * j);
+    for (int j = 0; j < 4; ++j) vt[j] = load16(v + t * token_stride + 16 * j);
     for (int g = 0; g < G; ++g) {
       const __m512 pt = _mm512_set1_ps(p[g * p_stride + t]);
       for (int j = 0; j < 4; ++j) a[g][j] = _mm512_fmadd_ps(pt, vt[j], a[g][j]);
@@ -159,6 +176,50 @@ inline void accumulate_heads512(const float* p, int64_t p_stride, const float* v
   }
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * acc_stride + 16 * j, a[g][j]);
+}
+#endif
+
+#if defined(__AVX512F__)
+// head_dim % 64 == 0: four query heads (or prefill rows) at a time, 64 dims of each.
+template <typename scalar_t>
+void block_values512(const float* p, const scalar_t* v, int64_t token_stride, int64_t n, int64_t group,
+                     int64_t head_dim, int64_t stride, float* acc) {
+  for (int64_t g = 0; g < group; g += 4) {
+    const float* pg = p + g * stride;
+    for (int64_t d = 0; d < head_dim; d += 64) {
+      float* a = acc + g * head_dim + d;
+      switch (std::min<int64_t>(4, group - g)) {
+        case 1: accumulate_heads512<1>(pg, stride, v + d, token_stride, n, a, head_dim); break;
+        case 2: accumulate_heads512<2>(pg, stride, v + d, token_stride, n, a, head_dim); break;
+        case 3: accumulate_heads512<3>(pg, stride, v + d, token_stride, n, a, head_dim); break;
+        default: accumulate_heads512<4>(pg, stride, v + d, token_stride, n, a, head_dim);
+      }
+    }
+  }
+}
+
+// bf16 K/V: widened to fp32 as they are loaded, then the fp32 kernels' arithmetic.
+template <>
+void block_scores<at::BFloat16>(const float* qf, const at::BFloat16* k, int64_t token_stride, int64_t n,
+                                int64_t group, int64_t head_dim, float* scores, int64_t stride) {
+  int64_t t = head_dim % 16 == 0 ? block_scores512(qf, k, token_stride, n, group, head_dim, scores, stride) : 0;
+  for (; t < n; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf + g * head_dim;
+      const at::BFloat16* kt = k + t * token_stride;
+      float s = 0.f;
+      for (int64_t d = 0; d < head_dim; ++d) s += qg[d] * static_cast<float>(kt[d]);
+      scores[g * stride + t] = s;
+    }
+}
+
+template <>
+void block_values<at::BFloat16>(const float* p, const at::BFloat16* v, int64_t token_stride, int64_t n,
+                                int64_t group, int64_t head_dim, int64_t stride, float* acc) {
+  if (head_dim % 64 == 0) return block_values512(p, v, token_stride, n, group, head_dim, stride, acc);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t d = 0; d < head_dim; ++d) acc[g * head_dim + d] += p[g * stride + t] * static_cast<float>(v[t * token_stride + d]);
 }
 #endif
 
@@ -172,21 +233,7 @@ void block_values<float>(const float* p, const float* v, int64_t token_stride, i
     return;
   }
 #if defined(__AVX512F__)
-  if (head_dim % 64 == 0) {
-    for (int64_t g = 0; g < group; g += 4) {  // four query heads (or prefill rows) at a time
-      const float* pg = p + g * stride;
-      for (int64_t d = 0; d < head_dim; d += 64) {
-        float* a = acc + g * head_dim + d;
-        switch (std::min<int64_t>(4, group - g)) {
-          case 1: accumulate_heads512<1>(pg, stride, v + d, token_stride, n, a, head_dim); break;
-          case 2: accumulate_heads512<2>(pg, stride, v + d, token_stride, n, a, head_dim); break;
-          case 3: accumulate_heads512<3>(pg, stride, v + d, token_stride, n, a, head_dim); break;
-          default: accumulate_heads512<4>(pg, stride, v + d, token_stride, n, a, head_dim);
-        }
-      }
-    }
-    return;
-  }
+  if (head_dim % 64 == 0) return block_values512(p, v, token_stride, n, group, head_dim, stride, acc);
 #endif
   for (int64_t g = 0; g < group; ++g) {
     int64_t d = 0;
@@ -364,7 +411,17 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_c
     scalar_t* out_ptr = out.data_ptr<scalar_t>();
     at::parallel_for(0, batch * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores, acc, qf, inv_sum;  // scratch reused by the task's sequences
+      // A task prefetches its own blocks ahead of reading them, but not its first ones: those of the next
+      // task are fetched while this one runs.
+      auto prefetch_task = [&](int64_t i) {
+        const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
+        for (int64_t j = 0; j < kBlocksAhead && j * block_size < len_ptr[b]; ++j)
+          prefetch_block(k_ptr + h * k_cache.stride(2) + table_ptr[b * max_blocks + j] * k_cache.stride(0),
+                         std::min(block_size, len_ptr[b] - j * block_size), k_cache.stride(1), head_dim);
+      };
+      prefetch_task(begin);
       for (int64_t i = begin; i < end; ++i) {
+        if (i + 1 < end) prefetch_task(i + 1);
         const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
         const int64_t len = len_ptr[b];
         attend<scalar_t>(q_ptr + b * query.stride(0) + h * group * query.stride(1), 0, query.stride(1), 1, len - 1,
