@@ -64,9 +64,9 @@ class Linear(nn.Module):
     def pack(self, batch_size_hint: int, keep_weight: bool = False, cpu_ops=None):
         """Hold the weight packed for CPU matmuls: in our panels when the weight is fp32 and `cpu_ops` (the
         compiled torch.ops.modelplex_cpu) is given, or bf16 and they have the bf16 linear (built where the
-        CPU has AVX512_BF16), else in oneDNN's blocked layout for `batch_size_hint` rows. The plain copy is dropped (`weight`
-        becomes None: the model's memory is not twice its weights) unless `keep_weight`: something else
-        reads it (a tied embedding). Quantized weights stay as they are."""
+        CPU has AVX512_BF16), else in oneDNN's blocked layout for `batch_size_hint` rows. The plain copy is
+        dropped (`weight` becomes None: the model's memory is not twice its weights) unless `keep_weight`:
+        something else reads it (a tied embedding). Quantized weights stay as they are."""
         if self.quantized is not None:
             return
         if cpu_ops is not None and self.weight.dtype == torch.float32:
