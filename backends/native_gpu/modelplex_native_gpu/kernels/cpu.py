@@ -3,8 +3,8 @@ and (fp32) prefill (csrc/paged_attention.cpp), which reads K/V in place from the
 gathering copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, the
 fp32 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding)
 and the fp32 linear layers on weights packed in column panels (csrc/linear.cpp, see layers/linear.py),
-and linear layers on GGUF-quantized weights (csrc/quant_linear.cpp, see layers/quantized.py), with a whole
-decoder layer at decode in one call on them (csrc/decode_layer.cpp).
+and linear layers on GGUF-quantized weights (csrc/quant_linear.cpp; Q4_0 repacked at load, csrc/quant_repack.cpp;
+see layers/quantized.py), with a whole decoder layer at decode in one call on them (csrc/decode_layer.cpp).
 
 The ops are compiled on first use with torch.utils.cpp_extension (gcc, cached under ~/.cache/torch_extensions)
 for this machine's CPU; without a compiler the engine logs why and keeps the torch reference, as it
@@ -33,7 +33,8 @@ _built = False
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = [os.path.join(_CSRC, name)
             for name in ("paged_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp",
-                          "quant_linear.cpp", "decode_layer.cpp")]
+                          "quant_linear.cpp", "quant_repack.cpp", "decode_layer.cpp")]
+_HEADERS = [os.path.join(_CSRC, "quant_repack.h")]  # in the build's name too: a changed header is a new build
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 
@@ -64,7 +65,7 @@ def _build():
     # The folder too: ninja rebuilds when build.ninja names other source paths, so two checkouts of the
     # same sources sharing one build folder rebuilt it in turn (each load waiting minutes on the other's lock).
     digest = hashlib.sha256((_cpu_flags() + " ".join(_CFLAGS) + _CSRC).encode())
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:
         with open(source, "rb") as f:
             digest.update(f.read())
     # -march=native: the build is cached by name, so the name carries the CPU's flags (and the sources and cflags).
