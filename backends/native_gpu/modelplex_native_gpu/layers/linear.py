@@ -58,7 +58,7 @@ class Linear(nn.Module):
         torch.ops.modelplex_cpu) is given and the weight is fp32, else in oneDNN's blocked layout for
         `batch_size_hint` rows. The plain copy is dropped (`weight` becomes None: the model's memory is
         not twice its weights) unless `keep_weight`: something else reads it (a tied embedding).
-        Quantized weights stay in their blocks, repacked in place where the CPU kernels prefer (Q4_0)."""
+        Quantized weights stay in their blocks, repacked in place where the CPU kernels prefer (Q4_0, Q4_1)."""
         if self.quantized is not None:
             self.quantized.repack()
             return

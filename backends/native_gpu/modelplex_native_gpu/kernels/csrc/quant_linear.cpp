@@ -10,7 +10,7 @@
 //   Register tiles of kTileRows weight rows x kTileTokens tokens read each weight block once for all the
 //   tile's tokens (matrix-vector at one token, GEMM at many). AVX-512 (512-bit vectors, a block a vector)
 //   where the build has it, AVX2 otherwise, and a portable scalar path.
-// - Q4_0 repacked at load into 16-row groups (quant_repack.cpp, an internal type number): its own kernel.
+// - Q4_0 and Q4_1 repacked at load into 16-row groups (quant_repack.cpp, internal type numbers): their kernel.
 // - Q4_K, Q5_K, Q6_K: a tile of rows dequantized to fp32 (L2-resident, never the whole weight), then fp32
 //   dot products with the unquantized activations.
 // Every output is computed by the same sequence of operations whatever the batch, so a token's outputs do
@@ -54,6 +54,7 @@ Format format_of(int64_t t) {
   switch (t) {
     case kQ4_0: return {32, 18};
     case modelplex_quant::kQ4_0x16: return {32, 18};
+    case modelplex_quant::kQ4_1x16: return {32, 20};
     case kQ4_1: return {32, 20};
     case kQ5_0: return {32, 22};
     case kQ8_0: return {32, 34};
@@ -166,7 +167,7 @@ struct QuantizedActivations {
   std::vector<int16_t> q;  // [M][K]: x ~ d q
   std::vector<float> d;    // [M][nb] scale, max|x| / 32767
   std::vector<float> sx;   // [M][nb] d sum(q): the block's sum of x~ (Q4_1's min term)
-  std::vector<int32_t> qsum;  // [M][nb] sum(q) (Q4_0x16's offset term)
+  std::vector<int32_t> qsum;  // [M][nb] sum(q) (the 16-row groups' offset and min terms)
 };
 
 constexpr float kQMax = 32767.f;
@@ -485,7 +486,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, int64_t qty
         case kQ4_1: int_linear<kQ4_1>(w, N, row_bytes, a, M, y); break;
         case kQ5_0: int_linear<kQ5_0>(w, N, row_bytes, a, M, y); break;
         case modelplex_quant::kQ4_0x16:
-          modelplex_quant::q4x16_linear(w, N, K, a.q.data(), a.d.data(), a.qsum.data(), M, y);
+        case modelplex_quant::kQ4_1x16:
+          modelplex_quant::group16_linear(qtype, w, N, K, a.q.data(), a.d.data(), a.qsum.data(), M, y);
           break;
         default: TORCH_CHECK(false, "unsupported type");
       }
@@ -527,7 +529,7 @@ at::Tensor quant_dequantize(const at::Tensor& data, int64_t qtype, int64_t in_fe
   float* o = out.data_ptr<float>();
   at::parallel_for(0, R, 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      if (qtype == modelplex_quant::kQ4_0x16) modelplex_quant::q4x16_dequantize_row(w, N, K, r[i], o + i * K);
+      if (modelplex_quant::is_group16(qtype)) modelplex_quant::group16_dequantize_row(qtype, w, N, K, r[i], o + i * K);
       else dequantize_row(qtype, w + r[i] * row_bytes, K, o + i * K);
     }
   });
