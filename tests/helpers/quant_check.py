@@ -64,20 +64,29 @@ def gemm_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return ku / (1 - ku) * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T) + 1e-30
 
 
-def check_ops(ops, types=INT8_TYPES + K_TYPES):
+# Layouts the weights are repacked into at load (kernels/csrc/quant_repack.cpp): name -> (GGML type, number)
+REPACKED = {"Q4_0x16": ("Q4_0", 1002), "Q4_1x16": ("Q4_1", 1003)}
+
+
+def check_ops(ops, types=INT8_TYPES + K_TYPES + tuple(REPACKED)):
     """Dequantization equals gguf's bit for bit; outputs within the bound of the kernel quant_linear picks for
     the batch size; on each side of quant_gemm_min_tokens a token's outputs do not depend on the batch.
     Shapes: a partial last row tile (7, 66 rows), one row, several token tiles, more tokens than an L2 token
-    block (70)."""
+    block (70); a repacked layout also whole 16-row groups only (48) and groups beside a tail of rows left in
+    the file's layout (66 = 4 x 16 + 2; 7 and 1 are tails only)."""
     import gguf
 
     worst = {}
     for type_name in types:
-        qtype = int(gguf.GGMLQuantizationType[type_name])
-        for n, k in [(66, 256), (7, 512), (1, 256)]:
-            data = make_weight(type_name, n, k, seed=n + k)
-            w = dequantize(type_name, data, k)
+        file_type, repacked = REPACKED.get(type_name, (type_name, None))
+        qtype = repacked or int(gguf.GGMLQuantizationType[file_type])
+        for n, k in [(66, 256), (7, 512), (1, 256)] + ([(48, 96)] if repacked else []):
+            data = make_weight(file_type, n, k, seed=n + k)
+            w = dequantize(file_type, data, k)
             t = torch.from_numpy(data)
+            if repacked:
+                t = t.clone()
+                ops.quant_repack_(t, int(gguf.GGMLQuantizationType[file_type]), repacked)
             got = ops.quant_dequantize(t, qtype, k, None).numpy()
             assert np.array_equal(got, w), f"{type_name}: dequantization differs from gguf's"
             ids = torch.tensor([n - 1, 0, n // 2])
@@ -91,7 +100,7 @@ def check_ops(ops, types=INT8_TYPES + K_TYPES):
                 y = ops.quant_linear(x, t, qtype, None)
                 err = np.abs(y.double().numpy() - want)
                 gemm = m >= ops.quant_gemm_min_tokens(qtype)
-                bound = gemm_bound(w, x.numpy()) if gemm else error_bound(type_name, w, x.numpy())
+                bound = gemm_bound(w, x.numpy()) if gemm else error_bound(file_type, w, x.numpy())
                 assert (err <= bound).all(), f"{type_name} n={n} k={k} m={m}: error {(err / bound).max():.3f} of the bound"
                 worst[type_name] = max(worst.get(type_name, 0.0), float((err / bound).max()))
                 yb = ops.quant_linear(x, t, qtype, bias)

@@ -14,7 +14,7 @@ from modelplex_native_gpu.kernels import cpu
 
 def test_quantized_ops_match_gguf_and_float64(ops):
     worst = check_ops(ops)
-    assert set(worst) == {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}
+    assert set(worst) == {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0x16", "Q4_1x16"}
 
 
 def test_fused_silu_mlp_equals_its_parts(ops):
@@ -38,6 +38,19 @@ def test_bad_weights_are_refused(ops):
         ops.quant_linear(torch.randn(2, 64), data, 7, None)  # Q5_1
     with pytest.raises(RuntimeError, match="out of range"):
         ops.quant_dequantize(data, 8, 64, torch.tensor([4]))
+    with pytest.raises(RuntimeError, match="no layout 1002 for GGML type 8"):
+        ops.quant_repack_(data, 8, 1002)  # only Q4_0 and Q4_1 have repacked layouts
+
+
+def test_q4_0_is_repacked_where_the_build_has_its_kernel(ops):
+    """A build with AVX-512 VNNI multiplies Q4_0 and Q4_1 fastest in 16-row groups; the repacking is in place and keeps
+    the bytes of the last N % 16 rows."""
+    has_kernel = {"avx512f", "avx512bw", "avx512_vnni"} <= set(cpu._cpu_flags().split())
+    assert [ops.quant_repacked_type(t) for t in (2, 3, 8)] == ([1002, 1003, 8] if has_kernel else [2, 3, 8])
+    data = torch.from_numpy(make_weight("Q4_0", 35, 64, seed=4))
+    repacked = data.clone()
+    ops.quant_repack_(repacked, 2, 1002)
+    assert not torch.equal(repacked[:32], data[:32]) and torch.equal(repacked[32:], data[32:])
 
 
 OTHER_BUILD = """
@@ -54,9 +67,11 @@ print("ok")
 
 @pytest.mark.parametrize("flags", [["-mno-avx512f"], ["-mno-avx512f", "-mno-avx2", "-mno-fma"]], ids=["avx2", "portable"])
 def test_the_avx2_and_portable_builds_match(flags):
-    # quant_gemm.cpp beside quant_linear.cpp, which hands it batches; linear.cpp for the packed fp32 reference
+    # quant_repack.cpp and quant_gemm.cpp beside quant_linear.cpp, which hands them repacked weights and
+    # batches; linear.cpp for the packed fp32 reference
     csrc = os.path.join(os.path.dirname(cpu.__file__), "csrc")
-    source = ",".join(os.path.join(csrc, f) for f in ("quant_linear.cpp", "quant_gemm.cpp", "linear.cpp"))
+    source = ",".join(os.path.join(csrc, f)
+                      for f in ("quant_linear.cpp", "quant_repack.cpp", "quant_gemm.cpp", "linear.cpp"))
     tag = "avx2" if len(flags) == 1 else "portable"
     tests = os.path.dirname(os.path.dirname(__file__))
     result = subprocess.run([sys.executable, "-c", OTHER_BUILD, tag, source, *flags],

@@ -4,9 +4,10 @@ gathering copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer
 fp32 and bf16 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding)
 and the fp32 linear layers on weights packed in column panels (csrc/linear.cpp, see layers/linear.py),
 the bf16 ones likewise with vdpbf16ps where the CPU has AVX512_BF16 (csrc/linear_bf16.cpp),
-and linear layers on GGUF-quantized weights (csrc/quant_linear.cpp, see layers/quantized.py; batches from
-csrc/quant_gemm.cpp's dequantized fp32 panels), with a whole decoder layer at decode in one call on them
-(csrc/decode_layer.cpp). Headers (csrc/*.h) count in the build's name as the sources do.
+and linear layers on GGUF-quantized weights (csrc/quant_linear.cpp; Q4_0 / Q4_1 repacked at load,
+csrc/quant_repack.cpp; see layers/quantized.py; batches from csrc/quant_gemm.cpp's dequantized fp32 panels),
+with a whole decoder layer at decode in one call on them (csrc/decode_layer.cpp). Headers (csrc/*.h) count
+in the build's name as the sources do.
 
 The ops are compiled on first use with torch.utils.cpp_extension (gcc, cached under ~/.cache/torch_extensions)
 for this machine's CPU; without a compiler the engine logs why and keeps the torch reference, as it
@@ -36,7 +37,8 @@ _built = False
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = [os.path.join(_CSRC, name)
             for name in ("paged_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp",
-                          "linear_bf16.cpp", "quant_linear.cpp", "quant_gemm.cpp", "decode_layer.cpp")]
+                          "linear_bf16.cpp", "quant_linear.cpp", "quant_repack.cpp", "quant_gemm.cpp",
+                          "decode_layer.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 

@@ -66,8 +66,10 @@ class Linear(nn.Module):
         compiled torch.ops.modelplex_cpu) is given, or bf16 and they have the bf16 linear (built where the
         CPU has AVX512_BF16), else in oneDNN's blocked layout for `batch_size_hint` rows. The plain copy is
         dropped (`weight` becomes None: the model's memory is not twice its weights) unless `keep_weight`:
-        something else reads it (a tied embedding). Quantized weights stay as they are."""
+        something else reads it (a tied embedding). Quantized weights stay in their
+        blocks, repacked in place where the CPU kernels prefer (Q4_0, Q4_1)."""
         if self.quantized is not None:
+            self.quantized.repack()
             return
         if cpu_ops is not None and self.weight.dtype == torch.float32:
             self.packed_weight, self.cpu_linear = cpu_ops.pack_linear_weight(self.weight), cpu_ops.packed_linear

@@ -10,6 +10,7 @@
 //   Register tiles of kTileRows weight rows x kTileTokens tokens read each weight block once for all the
 //   tile's tokens (matrix-vector at one token, GEMM at many). AVX-512 (512-bit vectors, a block a vector)
 //   where the build has it, AVX2 otherwise, and a portable scalar path.
+// - Q4_0 and Q4_1 repacked at load into 16-row groups (quant_repack.cpp, internal type numbers): their kernel.
 // - Q4_K, Q5_K, Q6_K: a tile of rows dequantized to fp32 (L2-resident, never the whole weight), then fp32
 //   dot products with the unquantized activations.
 // Every output is computed by the same sequence of operations whatever the batch, so a token's outputs do
@@ -21,6 +22,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
+
+#include "quant_repack.h"
 
 #include <algorithm>
 #include <cmath>
@@ -54,6 +57,8 @@ struct Format {
 Format format_of(int64_t t) {
   switch (t) {
     case kQ4_0: return {32, 18};
+    case modelplex_quant::kQ4_0x16: return {32, 18};
+    case modelplex_quant::kQ4_1x16: return {32, 20};
     case kQ4_1: return {32, 20};
     case kQ5_0: return {32, 22};
     case kQ8_0: return {32, 34};
@@ -166,12 +171,13 @@ struct QuantizedActivations {
   std::vector<int16_t> q;  // [M][K]: x ~ d q
   std::vector<float> d;    // [M][nb] scale, max|x| / 32767
   std::vector<float> sx;   // [M][nb] d sum(q): the block's sum of x~ (Q4_1's min term)
+  std::vector<int32_t> qsum;  // [M][nb] sum(q) (the 16-row groups' offset and min terms)
 };
 
 constexpr float kQMax = 32767.f;
 
 // One block of 32: q = round(x / d), d = max|x| / 32767 (|q| <= 32767 up to fp32 rounding: clamped).
-inline void quantize_block(const float* v, int16_t* q, float* d_out, float* sx_out) {
+inline void quantize_block(const float* v, int16_t* q, float* d_out, float* sx_out, int32_t* sum_out) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
@@ -195,6 +201,7 @@ inline void quantize_block(const float* v, int16_t* q, float* d_out, float* sx_o
 #endif
   *d_out = d;
   *sx_out = d * static_cast<float>(sum);
+  *sum_out = sum;
 }
 
 void quantize_activations(const float* x, int64_t M, int64_t K, QuantizedActivations& a) {
@@ -203,11 +210,12 @@ void quantize_activations(const float* x, int64_t M, int64_t K, QuantizedActivat
   a.q.resize(M * K);
   a.d.resize(M * a.nb);
   a.sx.resize(M * a.nb);
+  a.qsum.resize(M * a.nb);
   const int64_t n = M * a.nb;
   auto run = [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t off = (i / a.nb) * K + (i % a.nb) * 32;
-      quantize_block(x + off, a.q.data() + off, a.d.data() + i, a.sx.data() + i);
+      quantize_block(x + off, a.q.data() + off, a.d.data() + i, a.sx.data() + i, a.qsum.data() + i);
     }
   };
   if (n <= 1024) run(0, n);  // a decode step's few hundred blocks: cheaper than waking a thread
@@ -483,6 +491,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, int64_t qty
         case kQ4_0: int_linear<kQ4_0>(w, N, row_bytes, a, M, y); break;
         case kQ4_1: int_linear<kQ4_1>(w, N, row_bytes, a, M, y); break;
         case kQ5_0: int_linear<kQ5_0>(w, N, row_bytes, a, M, y); break;
+        case modelplex_quant::kQ4_0x16:
+        case modelplex_quant::kQ4_1x16:
+          modelplex_quant::group16_linear(qtype, w, N, K, a.q.data(), a.d.data(), a.qsum.data(), M, y);
+          break;
         default: TORCH_CHECK(false, "unsupported type");
       }
     }
@@ -522,7 +534,10 @@ at::Tensor quant_dequantize(const at::Tensor& data, int64_t qtype, int64_t in_fe
   const uint8_t* w = data.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, R, 16, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) dequantize_row(qtype, w + r[i] * row_bytes, K, o + i * K);
+    for (int64_t i = i0; i < i1; ++i) {
+      if (modelplex_quant::is_group16(qtype)) modelplex_quant::group16_dequantize_row(qtype, w, N, K, r[i], o + i * K);
+      else dequantize_row(qtype, w + r[i] * row_bytes, K, o + i * K);
+    }
   });
   return out;
 }
