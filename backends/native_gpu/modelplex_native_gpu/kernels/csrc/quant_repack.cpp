@@ -88,15 +88,15 @@ void repack_group(uint8_t* g, int64_t nb, uint8_t* scratch) {
       for (int64_t f = 0; f < head / 2; ++f) std::memcpy(out + 32 * f + 2 * r, src + 2 * f, 2);
       if constexpr (T == kQ8_0) {
         for (int k = 0; k < 32; ++k) out[kCodes<T> + 32 * (k / 2) + 2 * r + k % 2] = src[head + k];
-        continue;
-      }
-      for (int c = 0; c < 4; ++c) {
-        for (int h = 0; h < 2; ++h) {
-          int v = 0;
-          for (int p = 0; p < 4; ++p) v |= ggml_code<T>(src + head, 8 * c + 2 * p + h) << (4 * p);
-          uint8_t* word = out + kCodes<T> + 64 * c + 2 * (2 * r + h);
-          word[0] = static_cast<uint8_t>(v & 0xFF);
-          word[1] = static_cast<uint8_t>(v >> 8);
+      } else {
+        for (int c = 0; c < 4; ++c) {
+          for (int h = 0; h < 2; ++h) {
+            int v = 0;
+            for (int p = 0; p < 4; ++p) v |= ggml_code<T>(src + head, 8 * c + 2 * p + h) << (4 * p);
+            uint8_t* word = out + kCodes<T> + 64 * c + 2 * (2 * r + h);
+            word[0] = static_cast<uint8_t>(v & 0xFF);
+            word[1] = static_cast<uint8_t>(v >> 8);
+          }
         }
       }
     }
