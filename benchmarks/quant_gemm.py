@@ -1,7 +1,9 @@
 """Kernel times of the linear layers on GGUF-quantized weights at SmolLM2-135M's shapes: quant_linear.cpp's
 kernels (integer tiles; K-quants a row tile dequantized then dot products), quant_gemm.cpp's batched form,
 and the fp32 packed linear (linear.cpp) on the same weights dequantized, per type and batch size (K-quants
-with K = 768 where SmolLM2 has 576, which is no whole number of their 256-weight super-blocks).
+with K = 768 where SmolLM2 has 576, which is no whole number of their 256-weight super-blocks). Where the build
+repacks a type at load (quant_repacked_type: Q4_0, Q4_1, Q8_0 in 16-row groups, quant_repack.cpp), a second
+table gives quant_linear on the repacked weights ("x16") against the others.
 
 Not a test. Sets MODELPLEX_QUANT_GEMM_MIN_TOKENS so that quant_linear keeps its own kernels at every size (the
 quant_gemm op is called directly), and prints the batch size from which each type would switch.
@@ -61,17 +63,25 @@ def main():
     ops = cpu.compiled_ops()
     tokens = [int(t) for t in args.tokens.split(",")]
     cases = []  # (type, shape, m, callables)
+    repacked = {}  # type -> shape -> the weight in quant_repacked_type's layout
     for type_name in args.types.split(","):
         qtype = int(gguf.GGMLQuantizationType[type_name])
         for shape, (n, k) in (K_SHAPES if type_name.endswith("_K") else SHAPES).items():
             data = torch.from_numpy(make_weight(type_name, n, k, seed=n + k))
             packed = ops.pack_linear_weight(torch.from_numpy(dequantize(type_name, data.numpy(), k).copy()))
+            repacked_type = ops.quant_repacked_type(qtype)
+            if repacked_type != qtype:
+                copy = data.clone()
+                ops.quant_repack_(copy, qtype, repacked_type)
+                repacked.setdefault(type_name, {})[shape] = copy
             for m in tokens:
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-                cases.append((type_name, shape, m, {
-                    "quant_linear": lambda x=x, d=data, q=qtype: ops.quant_linear(x, d, q, None),
-                    "quant_gemm": lambda x=x, d=data, q=qtype: ops.quant_gemm(x, d, q, None),
-                    "fp32": lambda x=x, w=packed, n=n: ops.packed_linear(x, w, n, None)}))
+                fns = {"quant_linear": lambda x=x, d=data, q=qtype: ops.quant_linear(x, d, q, None),
+                       "quant_gemm": lambda x=x, d=data, q=qtype: ops.quant_gemm(x, d, q, None),
+                       "fp32": lambda x=x, w=packed, n=n: ops.packed_linear(x, w, n, None)}
+                if type_name in repacked:
+                    fns["x16"] = lambda x=x, d=repacked[type_name][shape], q=repacked_type: ops.quant_linear(x, d, q, None)
+                cases.append((type_name, shape, m, fns))
     times = {(c[0], c[1], c[2], name): [] for c in cases for name in c[3]}
     for r in range(args.rounds):
         for type_name, shape, m, fns in cases:
@@ -95,6 +105,16 @@ def main():
             lines.append(f"| {type_name} | {m} | " + " | ".join(cells) +
                          f" | {sums['quant_linear']:.0f} / {sums['quant_gemm']:.0f} / {sums['fp32']:.0f} "
                          f"| {sums['quant_gemm'] / sums['fp32']:.2f} | {sums['quant_linear'] / sums['quant_gemm']:.2f} |")
+    if repacked:
+        lines += ["", "| type | m | " + " | ".join(f"{s} x16" for s in SHAPES) +
+                  " | all four: x16 | x16 / int | x16 / gemm | x16 / fp32 |", "|---|---|" + "---|" * (len(SHAPES) + 4)]
+        for type_name in repacked:
+            for m in tokens:
+                t = {name: sum(med[(type_name, s, m, name)] for s in SHAPES)
+                     for name in ("x16", "quant_linear", "quant_gemm", "fp32")}
+                lines.append(f"| {type_name}x16 | {m} | " + " | ".join(f"{med[(type_name, s, m, 'x16')]:.0f}" for s in SHAPES) +
+                             f" | {t['x16']:.0f} | {t['x16'] / t['quant_linear']:.2f} | {t['x16'] / t['quant_gemm']:.2f} "
+                             f"| {t['x16'] / t['fp32']:.2f} |")
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -65,7 +65,7 @@ def gemm_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 # Layouts the weights are repacked into at load (kernels/csrc/quant_repack.cpp): name -> (GGML type, number)
-REPACKED = {"Q4_0x16": ("Q4_0", 1002), "Q4_1x16": ("Q4_1", 1003)}
+REPACKED = {"Q4_0x16": ("Q4_0", 1002), "Q4_1x16": ("Q4_1", 1003), "Q8_0x16": ("Q8_0", 1008)}
 
 
 def check_ops(ops, types=INT8_TYPES + K_TYPES + tuple(REPACKED)):

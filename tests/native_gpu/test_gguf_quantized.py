@@ -86,16 +86,16 @@ def test_the_one_call_decode_layer_equals_the_layer_op_by_op(tmp_path, type_name
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
-def test_q4_is_repacked_at_load_and_its_tied_embedding_still_looks_rows_up(tmp_path, type_name):
-    """Where the build has the 16-row kernel every Q4_0 / Q4_1 weight is repacked at load (kernels/csrc/
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_repacked_at_load_and_its_tied_embedding_still_looks_rows_up(tmp_path, type_name):
+    """Where the build has the 16-row kernel every Q4_0 / Q4_1 / Q8_0 weight is repacked at load (kernels/csrc/
     quant_repack.cpp), the embedding table shared by the tied LM head too: its rows still dequantize to the
     file's values bit for bit, and the logits of a prefill (many tokens a linear) agree with the dequantized
     engine's."""
     path = write_tiny(tmp_path / f"tiny-{type_name}.gguf", type_name, embd_type=type_name)
     quantized, dequantized = engine(path, True), engine(path, False)
     table = quantized.runner.model.embed_tokens
-    qtype = {"Q4_0": 2, "Q4_1": 3}[type_name]
+    qtype = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}[type_name]
     repacked = type_name + "x16" if table.ops.quant_repacked_type(qtype) != qtype else type_name
     assert {m.quantized.type_names for m in quantized.runner.model.modules() if isinstance(m, Linear)} == {repacked}
     assert table.type_names == repacked and quantized.runner.model.lm_head.quantized is table

@@ -14,7 +14,7 @@ from modelplex_native_gpu.kernels import cpu
 
 def test_quantized_ops_match_gguf_and_float64(ops):
     worst = check_ops(ops)
-    assert set(worst) == {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0x16", "Q4_1x16"}
+    assert set(worst) == {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0x16", "Q4_1x16", "Q8_0x16"}
 
 
 def test_fused_silu_mlp_equals_its_parts(ops):
@@ -39,18 +39,21 @@ def test_bad_weights_are_refused(ops):
     with pytest.raises(RuntimeError, match="out of range"):
         ops.quant_dequantize(data, 8, 64, torch.tensor([4]))
     with pytest.raises(RuntimeError, match="no layout 1002 for GGML type 8"):
-        ops.quant_repack_(data, 8, 1002)  # only Q4_0 and Q4_1 have repacked layouts
+        ops.quant_repack_(data, 8, 1002)  # Q8_0's layout is 1008
+    with pytest.raises(RuntimeError, match="no layout 1008 for GGML type 6"):
+        ops.quant_repack_(torch.from_numpy(make_weight("Q5_0", 4, 64, seed=0)), 6, 1008)  # Q5_0 has none
 
 
-def test_q4_0_is_repacked_where_the_build_has_its_kernel(ops):
-    """A build with AVX-512 VNNI multiplies Q4_0 and Q4_1 fastest in 16-row groups; the repacking is in place and keeps
-    the bytes of the last N % 16 rows."""
+@pytest.mark.parametrize("type_name, qtype, repacked", [("Q4_0", 2, 1002), ("Q8_0", 8, 1008)])
+def test_repacked_where_the_build_has_the_kernel(ops, type_name, qtype, repacked):
+    """A build with AVX-512 VNNI multiplies Q4_0, Q4_1 and Q8_0 fastest in 16-row groups; the repacking is in place
+    and keeps the bytes of the last N % 16 rows."""
     has_kernel = {"avx512f", "avx512bw", "avx512_vnni"} <= set(cpu._cpu_flags().split())
-    assert [ops.quant_repacked_type(t) for t in (2, 3, 8)] == ([1002, 1003, 8] if has_kernel else [2, 3, 8])
-    data = torch.from_numpy(make_weight("Q4_0", 35, 64, seed=4))
-    repacked = data.clone()
-    ops.quant_repack_(repacked, 2, 1002)
-    assert not torch.equal(repacked[:32], data[:32]) and torch.equal(repacked[32:], data[32:])
+    assert [ops.quant_repacked_type(t) for t in (2, 3, 8, 6)] == ([1002, 1003, 1008, 6] if has_kernel else [2, 3, 8, 6])
+    data = torch.from_numpy(make_weight(type_name, 35, 64, seed=4))
+    copy = data.clone()
+    ops.quant_repack_(copy, qtype, repacked)
+    assert not torch.equal(copy[:32], data[:32]) and torch.equal(copy[32:], data[32:])
 
 
 OTHER_BUILD = """

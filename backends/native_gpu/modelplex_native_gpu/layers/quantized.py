@@ -4,7 +4,7 @@ A `QuantizedWeight` holds each output slice's rows as the file's bytes ([rows, r
 blocks in k order); linear layers multiply with them in kernels/csrc/quant_linear.cpp and an embedding
 table dequantizes only the rows a step looks up. Nothing here ever holds the weight in fp32. On the CPU,
 `repack` rewrites the bytes in place, once at load, into the layout the compiled kernels multiply fastest
-(Q4_0 and Q4_1 in 16-row groups: internal type numbers, kernels/csrc/quant_repack.cpp); the others stay.
+(Q4_0, Q4_1 and Q8_0 in 16-row groups: internal type numbers, kernels/csrc/quant_repack.cpp); the others stay.
 The loader hands over lazy sources (anything with `qtype`, `shape` and `read_into(uint8 tensor)`), read
 straight into their place: a fused q/k/v is written slice by slice, not concatenated from copies.
 """
@@ -22,8 +22,8 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 # ggml's type number -> (weights a block, bytes a block)
 QUANT_FORMATS = {8: (32, 34), 2: (32, 18), 3: (32, 20), 6: (32, 22), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
 QUANT_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
-# Q4_0 and Q4_1 repacked in 16-row groups (kernels/csrc/quant_repack.h): the same bytes a row as the file's
-for _file_type, _repacked in ((2, 1002), (3, 1003)):
+# Q4_0, Q4_1 and Q8_0 repacked in 16-row groups (kernels/csrc/quant_repack.h): the same bytes a row as the file's
+for _file_type, _repacked in ((2, 1002), (3, 1003), (8, 1008)):
     QUANT_FORMATS[_repacked], QUANT_NAMES[_repacked] = QUANT_FORMATS[_file_type], QUANT_NAMES[_file_type] + "x16"
 
 
@@ -84,7 +84,8 @@ class QuantizedWeight:
 
     def repack(self) -> None:
         """Rewrite each segment in place into the layout the compiled CPU kernels multiply fastest, where that
-        differs from the file's (Q4_0 -> Q4_0x16, Q4_1 -> Q4_1x16 on AVX-512 VNNI). CPU only, once, after
+        differs from the file's (Q4_0, Q4_1, Q8_0 -> Q4_0x16, Q4_1x16, Q8_0x16 on
+        AVX-512 VNNI). CPU only, once, after
         loading: anything holding this weight sees the new segments (a tied embedding looks rows up in them)."""
         for i, s in enumerate(self.segments):
             to_type = self.ops.quant_repacked_type(s.qtype)

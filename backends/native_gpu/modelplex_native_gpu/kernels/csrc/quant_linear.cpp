@@ -59,6 +59,7 @@ Format format_of(int64_t t) {
     case kQ4_0: return {32, 18};
     case modelplex_quant::kQ4_0x16: return {32, 18};
     case modelplex_quant::kQ4_1x16: return {32, 20};
+    case modelplex_quant::kQ8_0x16: return {32, 34};
     case kQ4_1: return {32, 20};
     case kQ5_0: return {32, 22};
     case kQ8_0: return {32, 34};
@@ -493,6 +494,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, int64_t qty
         case kQ5_0: int_linear<kQ5_0>(w, N, row_bytes, a, M, y); break;
         case modelplex_quant::kQ4_0x16:
         case modelplex_quant::kQ4_1x16:
+        case modelplex_quant::kQ8_0x16:
           modelplex_quant::group16_linear(qtype, w, N, K, a.q.data(), a.d.data(), a.qsum.data(), M, y);
           break;
         default: TORCH_CHECK(false, "unsupported type");

@@ -1,16 +1,16 @@
-// Q4_0 and Q4_1 weights repacked at load into groups of 16 rows (quant_repack.cpp), called from quant_linear.cpp.
+// Q4_0, Q4_1 and Q8_0 weights repacked at load into groups of 16 rows (quant_repack.cpp), called from quant_linear.cpp.
 #pragma once
 #include <cstdint>
 
 namespace modelplex_quant {
 
 // Internal type numbers of the repacked layouts (ggml's numbers stay below 100).
-constexpr int64_t kQ4_0x16 = 1002, kQ4_1x16 = 1003;
+constexpr int64_t kQ4_0x16 = 1002, kQ4_1x16 = 1003, kQ8_0x16 = 1008;
 
-inline bool is_group16(int64_t type) { return type == kQ4_0x16 || type == kQ4_1x16; }
+inline bool is_group16(int64_t type) { return type == kQ4_0x16 || type == kQ4_1x16 || type == kQ8_0x16; }
 
 // y [M][N] = the int16 activations (q [M][K], d and qsum [M][K / 32]: x ~ d q a block of 32, qsum = sum(q))
-// times the [N, K] weight w in layout `type` (kQ4_0x16 or kQ4_1x16).
+// times the [N, K] weight w in layout `type` (kQ4_0x16, kQ4_1x16 or kQ8_0x16).
 void group16_linear(int64_t type, const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d,
                     const int32_t* qsum, int64_t M, float* y);
 
