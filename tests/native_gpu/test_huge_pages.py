@@ -1,5 +1,7 @@
 """The CPU KV cache's allocation on huge pages: zeros of the asked shape and dtype, and where transparent huge
-pages are on (`always` or `madvise`), memory that the kernel backs with them."""
+pages are on (`always` or `madvise`), memory advised MADV_HUGEPAGE before its first touch. Whether the kernel
+then backs it with huge pages depends on free 2 MiB pages (a busy, fragmented machine may have none), so the
+advice is what is checked (`hg` in the mapping's VmFlags)."""
 import os
 
 import pytest
@@ -18,18 +20,18 @@ def thp_mode() -> str:
         return "unavailable"
 
 
-def huge_kib(t: torch.Tensor) -> int:
-    """AnonHugePages of the mappings that hold t's bytes (from /proc/self/smaps; madvise splits a mapping)."""
+def advised_bytes(t: torch.Tensor) -> int:
+    """Bytes of t inside mappings advised MADV_HUGEPAGE (from /proc/self/smaps; madvise splits a mapping)."""
     first, last = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-    total, inside = 0, False
+    total, overlap = 0, 0
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
                 start, end = (int(x, 16) for x in head.split("-"))
-                inside = start < last and first < end
-            elif inside and line.startswith("AnonHugePages:"):
-                total += int(line.split()[1])
+                overlap = max(0, min(end, last) - max(start, first))
+            elif overlap and line.startswith("VmFlags:") and "hg" in line.split()[1:]:
+                total += overlap
     return total
 
 
@@ -45,5 +47,6 @@ def test_zeros_of_the_shape_and_dtype():
                     reason="no transparent huge pages here")
 def test_the_runner_kv_cache_lies_on_huge_pages(make_engine):
     engine = make_engine(kv_cache_memory_bytes=64 << 20)
-    assert huge_kib(engine.runner.kv_cache) >= 32 << 10  # most of its 64 MiB
-    assert huge_kib(torch.zeros(16 << 20)) == 0 or thp_mode() == "always"  # plain allocations are not advised
+    kv = engine.runner.kv_cache
+    assert advised_bytes(kv) >= kv.numel() * kv.element_size() - (4 << 20)  # all but its unaligned ends
+    assert advised_bytes(torch.zeros(16 << 20)) == 0  # plain allocations are not advised

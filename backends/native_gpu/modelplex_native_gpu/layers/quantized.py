@@ -84,9 +84,9 @@ class QuantizedWeight:
 
     def repack(self) -> None:
         """Rewrite each segment in place into the layout the compiled CPU kernels multiply fastest, where that
-        differs from the file's (Q4_0, Q4_1, Q8_0 -> Q4_0x16, Q4_1x16, Q8_0x16 on
-        AVX-512 VNNI). CPU only, once, after
-        loading: anything holding this weight sees the new segments (a tied embedding looks rows up in them)."""
+        differs from the file's (Q4_0, Q4_1, Q8_0 -> Q4_0x16, Q4_1x16, Q8_0x16 on AVX-512 VNNI). CPU only,
+        once, after loading: anything holding this weight sees the new segments (a tied embedding looks rows
+        up in them)."""
         for i, s in enumerate(self.segments):
             to_type = self.ops.quant_repacked_type(s.qtype)
             if to_type != s.qtype:
