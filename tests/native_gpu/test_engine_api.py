@@ -132,20 +132,6 @@ def test_config_rejects_bad_values():
         EngineConfig(model="x", dtype="int3")
 
 
-def test_bfloat16_mode_answers_like_fp32(make_engine, france, ops):
-    """Where the compiled bf16 linear is built (AVX512_BF16), every linear multiplies in our bf16 panels."""
-    from modelplex_native_gpu.layers.linear import Linear
-
-    bf16 = make_engine(dtype="bfloat16")
-    assert bf16.runner.kv_cache.dtype.itemsize == 2
-    if hasattr(ops, "packed_linear_bf16"):
-        linears = [m for m in bf16.runner.model.modules() if isinstance(m, Linear)]
-        assert all(m.cpu_linear == ops.packed_linear_bf16 and m.packed_weight.dim() == 4 for m in linears)
-    (out,) = run(bf16, france, temperature=0, max_tokens=24)
-    assert out.text == "The capital of France is Paris."
-    assert_no_leak(bf16)
-
-
 def test_packed_cpu_weights_are_held_once(engine, france):
     """On CPU fp32 each linear keeps only its packed weight (our panels); the tied LM head leaves the
     embedding (which lookups read) in place. The engine still answers; weight_bytes counts each
