@@ -124,6 +124,7 @@ def test_bfloat16_prefill_is_within_a_rounding_of_float64(num_heads, num_kv_head
     got = cpu.compiled_ops().prefill_attention(*case, scale)
     want = reference.prefix_prefill_attention(*float64_case(case), scale)
     torch.testing.assert_close(got.double(), want, rtol=BF16_RTOL, atol=BF16_ATOL)
+    assert torch.equal(cpu.prefix_prefill_attention(*case, scale), got)  # what the layer calls at bf16 too
 
 
 def test_prefill_reads_no_padding_other_blocks_or_later_slots():

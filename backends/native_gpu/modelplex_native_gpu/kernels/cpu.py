@@ -1,5 +1,5 @@
 """The CPU execution path: the torch reference kernels, except small C++ ops: paged attention, decode
-and (fp32) prefill (csrc/paged_attention.cpp), which reads K/V in place from the paged cache instead of
+and prefill (csrc/paged_attention.cpp), which reads K/V in place from the paged cache instead of
 gathering copies, the K/V cache write (csrc/store_kvcache.cpp), one call a layer instead of several, the
 fp32 and bf16 layer ops the model fuses (csrc/layer_ops.cpp: RMSNorm with the residual add, rotary embedding)
 and the fp32 linear layers on weights packed in column panels (csrc/linear.cpp, see layers/linear.py),
@@ -39,6 +39,7 @@ _SOURCES = [os.path.join(_CSRC, name)
             for name in ("paged_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp",
                           "linear_bf16.cpp", "quant_linear.cpp", "quant_repack.cpp", "quant_gemm.cpp",
                           "decode_layer.cpp")]
+_COMPILED_PREFILL_DTYPES = (torch.float32, torch.bfloat16)
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 
@@ -100,12 +101,11 @@ def plan_decode(block_tables, context_lens, block_size):
 
 def prefix_prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                              max_query_len=None, key=None, value=None):
-    """fp32: the compiled op, which reads every K/V from the cache (the layer stored the chunk's first).
-    bf16 keeps torch's SDPA (HF's bf16 attention): the op's bf16 path (fp32 softmax and products, one
-    rounding) is as close to fp32, but not the same rounding, and greedy answers whose fp32 margin is below
-    a bf16 ulp of the logits (tests/native_gpu/test_engine_api.py's) then change."""
+    """fp32 and bf16: the compiled op, which reads every K/V from the cache (the layer stored the chunk's
+    first); bf16 K/V are widened as read, fp32 softmax and products, one rounding of the output (as close to
+    the fp32 model as torch's SDPA, not the same rounding: tests/native_gpu/test_bf16_vs_fp32.py)."""
     ops = compiled_ops()
-    if ops is None or query.dtype != torch.float32 or k_cache.dtype != torch.float32:
+    if ops is None or query.dtype not in _COMPILED_PREFILL_DTYPES or k_cache.dtype != query.dtype:
         return _reference_prefill(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
                                   max_query_len, key, value)
     return ops.prefill_attention(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
