@@ -4,6 +4,7 @@ EOS ignored), and paired A/B throughput of two checkouts on it. Not a test.
   .venv/bin/python benchmarks/llm_step_profile.py profile --dtype float32      # breakdown (markdown on stdout)
   flock /tmp/bench.lock .venv/bin/python benchmarks/llm_step_profile.py ab --dtype bfloat16 \\
       --trees /work/main,. --runs 3                                            # paired tok/s, A then B each round
+  ... ab --dtype bfloat16 --trees .,. --batched-tokens 256,512                 # two step budgets, one checkout
 
 `profile` runs the workload twice: once with wall-clock timers around the step's phases (schedule, input
 building, forward, logits, sampling, postprocess), split into steps that carry prefill tokens and decode-only
@@ -34,7 +35,7 @@ PHASES = [("schedule", "scheduler", "schedule"), ("inputs", "runner", "_prepare"
           ("sample", "runner", "_sample"), ("postprocess", "scheduler", "update_from_output"),
           ("postprocess", "", "_make_output")]
 # torch.profiler op name (prefix) -> the part of the step it belongs to
-OP_PARTS = [("modelplex_cpu::packed_linear", "linear"), ("modelplex_cpu::linear_bf16", "linear"),
+OP_PARTS = [("modelplex_cpu::packed_linear", "linear"), ("modelplex_cpu::packed_linear_bf16", "linear"),
             ("mkldnn::_linear_pointwise", "linear"), ("aten::linear", "linear"), ("aten::addmm", "linear"),
             ("aten::mm", "linear"), ("modelplex_cpu::paged_decode_attention", "attention (decode)"),
             ("modelplex_cpu::prefill_attention", "attention (prefill)"),
@@ -56,7 +57,7 @@ def default_model() -> str:
     return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def make_engine(dtype: str, threads: int):
+def make_engine(dtype: str, threads: int, max_num_batched_tokens: int | None = None):
     import torch
 
     from modelplex_native_gpu.config import EngineConfig
@@ -67,6 +68,7 @@ def make_engine(dtype: str, threads: int):
     model = default_model()
     config = EngineConfig(model=model, dtype=dtype, quantized_weights=False, device="cpu", max_model_len=2048,
                           kv_cache_memory_bytes=1 << 30, max_num_seqs=256, num_threads=threads,
+                          max_num_batched_tokens=max_num_batched_tokens,
                           adaptive_threads=False, skip_tokenizer_init=True)
     engine = LLMEngine(config, loaded=load_weights(model))
     engine.generate([[1, 2, 3, 4]])  # warm-up
@@ -177,7 +179,7 @@ def render_profile(dtype: str, timed: dict, prof: dict) -> str:
 
 def worker(args) -> None:
     """Line protocol for `ab`: prints 'ready', then one tok/s figure per 'run' line read."""
-    engine = make_engine(args.dtype, args.threads)
+    engine = make_engine(args.dtype, args.threads, args.max_num_batched_tokens)
     items = W.peer_workload(64, 128, 128)
     print("ready", flush=True)
     for line in sys.stdin:
@@ -188,12 +190,14 @@ def worker(args) -> None:
 
 def ab(args) -> None:
     trees = [os.path.abspath(t) for t in args.trees.split(",")]
+    budgets = args.batched_tokens.split(",") if args.batched_tokens else ["", ""]
     procs = []
-    for tree in trees:
+    for tree, budget in zip(trees, budgets):
         folders = ["platform", "backends/native_gpu"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.join(tree, f) for f in folders))
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", "--dtype", args.dtype,
-                                       "--threads", str(args.threads)], env=env, stdin=subprocess.PIPE,
+                                       "--threads", str(args.threads)]
+                                      + (["--max-num-batched-tokens", budget] if budget else []), env=env, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True))
     for p in procs:
         while p.stdout.readline().strip() != "ready":
@@ -213,7 +217,8 @@ def ab(args) -> None:
     for p in procs:
         p.stdin.close()
         p.wait()
-    print(f"\n{args.dtype}, {args.threads} threads; A={trees[0]} B={trees[1]}")
+    print(f"\n{args.dtype}, {args.threads} threads; A={trees[0]} B={trees[1]}"
+          + (f"; max_num_batched_tokens A={budgets[0]} B={budgets[1]}" if args.batched_tokens else ""))
     print(f"A tok/s median {statistics.median(r[0] for r in rounds):.1f}, B {statistics.median(r[1] for r in rounds):.1f}, "
           f"B/A per round {[round(r[1] / r[0], 3) for r in rounds]}, median {statistics.median(r[1] / r[0] for r in rounds):.3f}")
 
@@ -225,6 +230,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--trees", default="", help="ab: two checkouts, A,B")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="the engine's step budget (default: "
+                                                                            "the device's)")
+    p.add_argument("--batched-tokens", default="", help="ab: each checkout's max_num_batched_tokens, A,B (the "
+                                                        "same tree twice compares two budgets)")
     p.add_argument("--quiet-s", type=float, default=20.0, help="before each timed run, wait up to this long "
                                                               "for other processes to use < 0.5 cores")
     args = p.parse_args()
@@ -232,7 +241,7 @@ def main() -> None:
         return worker(args)
     if args.mode == "ab":
         return ab(args)
-    engine = make_engine(args.dtype, args.threads)
+    engine = make_engine(args.dtype, args.threads, args.max_num_batched_tokens)
     items = W.peer_workload(64, 128, 128)
     runs = {}
     for name, run in (("untimed", run_once), ("timers", timed_run), ("profiler", profiled_run)):
