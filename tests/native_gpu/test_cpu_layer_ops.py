@@ -1,6 +1,7 @@
 """The CPU path's fused layer ops (kernels/csrc/layer_ops.cpp) against the torch ops they replace."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from modelplex_native_gpu.layers.norm import RMSNorm
 from modelplex_native_gpu.layers.rotary import RotaryEmbedding
@@ -82,6 +83,25 @@ def test_bf16_rotary_embedding_is_bit_identical_to_torchs_bf16_ops(ops):
     assert torch.equal(qk, want)
     assert torch.equal(qkv[:, 12 * 64:], v_before)
     assert ((qk.double() - exact).abs() <= BF16_ROUNDING * (terms + exact.abs())).all()
+
+
+@pytest.mark.parametrize("tokens,intermediate", [(1, 1536), (37, 1536), (3, 100)])
+def test_bf16_silu_and_mul_is_torchs_bf16_swiglu_within_its_roundings(ops, tokens, intermediate):
+    """silu(gate) rounded to bf16, times up rounded again, where F.silu(gate).mul_(up) rounds (100: the
+    scalar tail). Against float64: those two roundings; against torch: equal but where the two exps (Sleef's,
+    our polynomial) put the fp32 silu on either side of a bf16 rounding boundary. Large |gate|: exp's range."""
+    g = torch.Generator().manual_seed(tokens)
+    gate_up = (torch.randn(tokens, 2 * intermediate, generator=g) * 4).bfloat16()
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, -88.5, 0.0])
+    gate, up = gate_up.split(intermediate, dim=-1)
+    got = ops.silu_and_mul(gate_up)
+    want = F.silu(gate).mul_(up)
+    exact = F.silu(gate.double()) * up.double()
+    assert got.dtype == torch.bfloat16 and got.shape == (tokens, intermediate)
+    torch.testing.assert_close(got.double(), exact, rtol=2 * BF16_ROUNDING, atol=1e-30)
+    assert (got == want).double().mean() > 0.999
+    with pytest.raises(RuntimeError, match="gate_up"):
+        ops.silu_and_mul(gate_up.float())
 
 
 def test_bad_shapes_are_refused(ops):

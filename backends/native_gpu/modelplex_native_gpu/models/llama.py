@@ -74,7 +74,8 @@ class LlamaMLP(nn.Module):
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.is_silu = cfg.hidden_act == "silu"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops=None) -> torch.Tensor:
+        """With `ops` (the compiled CPU ops), bf16 SwiGLU's silu(gate) * up is one fused call."""
         gate_up, down = self.gate_up_proj, self.down_proj
         # quantized SwiGLU (not wrapped by LoRA, which replaces the Linear modules): one compiled call
         if self.is_silu and type(gate_up) is Linear and gate_up.quantized is not None and type(down) is Linear \
@@ -82,8 +83,11 @@ class LlamaMLP(nn.Module):
             y = gate_up.quantized.silu_mlp(down.quantized, x)
             if y is not None:
                 return y
-        gate, up = gate_up.forward(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj.forward(self.act(gate).mul_(up))
+        y = gate_up.forward(x)
+        if ops is not None and self.is_silu and y.dtype == torch.bfloat16:
+            return down.forward(ops.silu_and_mul(y))
+        gate, up = y.split(self.intermediate_size, dim=-1)
+        return down.forward(self.act(gate).mul_(up))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -110,7 +114,7 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm.add_and_norm(x, residual, ops)
         x = self.self_attn.forward(rope, x, meta, ops)
         x, residual = self.post_attention_layernorm.add_and_norm(x, residual, ops)
-        return self.mlp.forward(x), residual
+        return self.mlp.forward(x, ops), residual
 
 
     def quantized_decode_weights(self) -> tuple | None:
