@@ -27,6 +27,29 @@ def test_greedy_batch_is_argmax_per_row():
     assert out.token_ids == [1, 7] and out.logprobs == [None, None]
 
 
+@pytest.mark.parametrize("vocab", [49152, 49157, 7])  # SmolLM2's; a tail after the last 16 floats; < 16
+def test_compiled_argmax_is_torchs_first_largest_index(ops, vocab):
+    """Ties (the first index wins, within a vector, across vectors and in the tail), -inf rows, a NaN (torch
+    returns the first one), rows that are slices of a wider tensor; and the greedy sampler path through it."""
+    g = torch.Generator().manual_seed(vocab)
+    wide = torch.randn(9, vocab + 3, generator=g)
+    logits = wide[:, 1:vocab + 1]
+    logits[1, [3, vocab - 1]] = 50.0  # a tie, the later one in the tail for 49157
+    logits[2, [vocab // 2, vocab // 3]] = 50.0
+    logits[3] = float("-inf")
+    logits[4, [vocab - 2, 1]] = float("nan")
+    logits[5, :] = 1.0
+    logits[6, vocab - 1] = 60.0
+    got = ops.argmax_rows(logits)
+    assert got.tolist() == logits.argmax(dim=-1).tolist()
+    assert got[1] == 3 and got[2] == min(vocab // 2, vocab // 3) and got[3] == 0 and got[4] == 1
+    sampler = Sampler(torch.device("cpu"), argmax_rows=ops.argmax_rows)
+    requests = [req(str(i), temperature=0) for i in range(9)]
+    assert sampler.sample_on_device(logits, requests).tolist() == got.tolist()
+    with pytest.raises(RuntimeError, match="logits"):
+        ops.argmax_rows(logits.double())
+
+
 @pytest.mark.parametrize("params", [dict(top_k=1), dict(top_p=0.01), dict(min_p=1.0)])
 def test_filters_that_leave_only_the_top_token(params):
     logits = logits_rows([0.0, 2.0, 1.9, 1.8, 0, 0, 0, 0]).repeat(50, 1)

@@ -82,7 +82,8 @@ class ModelRunner:
             self.model.pack_linear_weights(batch_size_hint=64, cpu_ops=kernels.compiled_ops())
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             self.model.fused_ops = kernels.compiled_ops()  # None without a compiler: torch ops then
-        self.sampler = Sampler(self.device)
+        ops = kernels.compiled_ops() if self.device.type == "cpu" else None
+        self.sampler = Sampler(self.device, argmax_rows=ops.argmax_rows if ops is not None else None)
         self.kv_cache: torch.Tensor | None = None
         self.num_blocks = 0
         self.lora = None  # engine.lora.EngineLoRA when LoRA is on; it sets each step's token -> slot mapping

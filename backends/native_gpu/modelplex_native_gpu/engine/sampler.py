@@ -29,8 +29,11 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0):
+    def __init__(self, device: torch.device, seed: int = 0, argmax_rows=None):
+        """`argmax_rows`: fp32 logits [S, V] (contiguous rows) -> ids [S] as torch.argmax(dim=-1) gives them,
+        in parallel over the rows (the compiled CPU op)."""
         self.device = device
+        self._argmax_rows = argmax_rows
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, requests: list[EngineRequest], indices: list[int],
@@ -42,7 +45,7 @@ class Sampler:
             apply_logits_processors(logits, requests)
         apply_grammar_masks(logits, requests)
         if all(p.is_greedy and not p.has_penalties for p in params) and not want_logprobs:
-            tokens = logits.argmax(dim=-1).tolist()
+            tokens = self._greedy(logits).tolist()
         else:
             raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
             if any(p.has_penalties for p in params):
@@ -64,8 +67,13 @@ class Sampler:
             if p.logprobs is not None or p.has_penalties or p.has_logits_processors or r.grammar is not None:
                 return None
         if all(r.sampling_params.is_greedy for r in requests):
-            return logits.argmax(dim=-1)
+            return self._greedy(logits)
         return self._sample_tensor(logits, requests)
+
+    def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        if self._argmax_rows is not None and logits.dtype == torch.float32 and logits.stride(-1) == 1:
+            return self._argmax_rows(logits)
+        return logits.argmax(dim=-1)
 
     def _sample_processed(self, logits: torch.Tensor, requests: list[EngineRequest]) -> list[int]:
         return self._sample_tensor(logits, requests).tolist()
