@@ -9,10 +9,10 @@ reads a sequence's blocks in table order, and adjacent ascending blocks stream (
 scattered or descending ones do not (1.5-2.2x slower at 1 thread on Zen 5). Plain LRU order scatters every
 table once the queue has been cycled (a second run of the same batch: 1.6 blocks per contiguous run
 instead of 2.1, later 1.0). So a table grows into the block after its last one when that block is free and
-"cold" (uncached, or freed about as long ago as the older half of the queue), and a run started from the
-queue's front soft-reserves the blocks after it for the table's expected growth (moves them to the back,
-where other requests reach them last). Cached blocks are thus evicted out of LRU order only among the colder
-half of the free queue.
+"cold" (uncached, or freed about as long ago as the older half of the queue); a run started from the
+queue's front begins at the bottom of the free gap around it and soft-reserves the blocks after it for the
+table's expected growth (moves them to the back, where other requests reach them last). Cached blocks are
+thus evicted out of LRU order only among the colder half of the free queue.
 """
 from __future__ import annotations
 
