@@ -185,7 +185,9 @@ def worker(args) -> None:
     for line in sys.stdin:
         if line.strip() != "run":
             break
-        print(json.dumps({"tok_s": run_once(engine, items)}), flush=True)
+        with W.CpuLoad() as load:
+            tok_s = run_once(engine, items)
+        print(json.dumps({"tok_s": tok_s, "foreign_cores": load.foreign_cores}), flush=True)
 
 
 def ab(args) -> None:
@@ -203,17 +205,19 @@ def ab(args) -> None:
         while p.stdout.readline().strip() != "ready":
             if p.poll() is not None:
                 raise SystemExit("a worker failed to start")
-    rounds = []
+    rounds, loads = [], []
     for r in range(args.runs):
         row = []
         for p in procs:
             W.wait_quiet(timeout_s=args.quiet_s)
             p.stdin.write("run\n")
             p.stdin.flush()
-            row.append(json.loads(p.stdout.readline())["tok_s"])
+            res = json.loads(p.stdout.readline())
+            row.append(res["tok_s"])
+            loads.append(res["foreign_cores"])
         rounds.append(row)
-        print(f"round {r + 1}: " + ", ".join(f"{t:.1f}" for t in row) + f" tok/s, B/A {row[1] / row[0]:.3f}",
-              flush=True)
+        print(f"round {r + 1}: " + ", ".join(f"{t:.1f}" for t in row) + f" tok/s, B/A {row[1] / row[0]:.3f}, "
+              "foreign cores " + ", ".join(f"{x:.2f}" for x in loads[-2:]), flush=True)
     for p in procs:
         p.stdin.close()
         p.wait()

@@ -16,8 +16,21 @@ def check_invariant(pool: BlockPool):
     assert pool.null_block.ref_cnt == 1 and 0 not in pool.free_queue.block_ids()
 
 
-def request(rid, tokens, salt=None):
-    return EngineRequest(rid, list(tokens), SamplingParams(max_tokens=4), eos_token_id=None, cache_salt=salt)
+def request(rid, tokens, salt=None, max_tokens=4):
+    return EngineRequest(rid, list(tokens), SamplingParams(max_tokens=max_tokens), eos_token_id=None,
+                         cache_salt=salt)
+
+
+def reserved(pool: BlockPool) -> list[int]:
+    return [b.block_id for b in pool.blocks if b.is_reserved]
+
+
+def grow(kv: KVCacheManager, r: EngineRequest, num_tokens: int):
+    """Decode `num_tokens` tokens for r (its prompt computed), allocating as the scheduler does."""
+    for _ in range(num_tokens):
+        r.num_computed_tokens = r.num_tokens
+        r.append_token(99)
+        assert kv.allocate_slots(r, 1)
 
 
 def test_pool_hands_out_blocks_front_first_and_frees_to_the_back():
@@ -82,12 +95,14 @@ def test_prefix_hits_share_blocks_and_count_references():
     assert [h.block_id for h in hits[0]] == [1, 2] and num_hit == 8
     assert kv.allocate_slots(b, 3, hits)
     kv.record_prefix_lookup(b.num_tokens, num_hit)
-    assert kv.block_table("b") == [1, 2, 4]
-    assert [kv.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [2, 2, 1, 1]
+    assert kv.block_table("b") == [1, 2, 5]  # block 4 stays reserved for a's 4th block (10 + 4 tokens)
+    assert [kv.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4, 5)] == [2, 2, 1, 0, 1]
     assert kv.prefix_cache_hit_rate == pytest.approx(8 / 11)
+    assert reserved(kv.block_pool) == [4, 6]
     kv.free(a)
     kv.free(b)
-    assert kv.block_pool.free_queue.block_ids() == [5, 6, 7, 8, 9, 3, 4, 2, 1]
+    assert kv.block_pool.free_queue.block_ids() == [7, 8, 9, 4, 6, 3, 5, 2, 1]
+    assert reserved(kv.block_pool) == []  # a finished table's reservation is released
     check_invariant(kv.block_pool)
 
 
@@ -132,3 +147,48 @@ def test_hits_in_the_free_queue_are_not_handed_out_as_new_blocks():
     assert kv.allocate_slots(b, 4, hits)
     assert kv.block_table("b") == [1, 2]
     check_invariant(kv.block_pool)
+
+
+def test_concurrent_tables_grow_into_their_reserved_blocks():
+    kv = KVCacheManager(num_blocks=32, block_size=BS)
+    a, b = request("a", range(8), max_tokens=8), request("b", range(100, 108), max_tokens=8)
+    assert kv.allocate_slots(a, 8) and kv.allocate_slots(b, 8)
+    assert kv.block_table("a") == [1, 2] and kv.block_table("b") == [5, 6]  # 3, 4: reserved for a's growth
+    assert reserved(kv.block_pool) == [3, 4, 7, 8]
+    assert kv.block_pool.free_queue.block_ids()[-4:] == [3, 4, 7, 8]  # others reach them last
+    for _ in range(2):  # interleaved decodes, each table one contiguous ascending run
+        grow(kv, a, 4)
+        grow(kv, b, 4)
+    assert kv.block_table("a") == [1, 2, 3, 4] and kv.block_table("b") == [5, 6, 7, 8]
+    assert reserved(kv.block_pool) == []
+    check_invariant(kv.block_pool)
+
+
+def test_a_new_run_starts_at_the_bottom_of_a_table_freed_tail_first():
+    kv = KVCacheManager(num_blocks=6, block_size=BS, enable_prefix_caching=False)
+    a = request("a", range(20), max_tokens=1)
+    assert kv.allocate_slots(a, 20)
+    kv.free(a)
+    assert kv.block_pool.free_queue.block_ids() == [5, 4, 3, 2, 1]
+    b = request("b", range(100, 111), max_tokens=1)  # 3 blocks, none to reserve
+    assert kv.allocate_slots(b, 11)
+    assert kv.block_table("b") == [3, 4, 5]  # ascending, not the queue's 5, 4, 3
+    check_invariant(kv.block_pool)
+
+
+def test_only_the_colder_half_of_the_queue_is_evicted_out_of_order():
+    pool = BlockPool(9)
+    blocks = pool.get_new_blocks(8)
+    for i, block in enumerate(blocks):
+        pool.cache_block(block, (None, (i,), None))
+    pool.free_blocks(blocks[:1] + blocks[4:] + blocks[1:4])  # queue: 1, 5, 6, 7, 8, 2, 3, 4
+    assert pool.free_queue.block_ids() == [1, 5, 6, 7, 8, 2, 3, 4]
+    (a,) = pool.get_new_blocks(1)
+    assert a.block_id == 1
+    # 2 was freed 4 frees after the front (5), 7 blocks free: the younger half, so it keeps its hash and the
+    # table starts a run at the front instead, which then grows into 6 (freed right after 5)
+    (grown,) = pool.get_new_blocks(1, after=a)
+    assert grown.block_id == 5 and pool.get_cached_block((None, (1,), None)) is blocks[1]
+    (grown,) = pool.get_new_blocks(1, after=grown)
+    assert grown.block_id == 6 and pool.get_cached_block((None, (5,), None)) is None
+    check_invariant(pool)

@@ -22,15 +22,15 @@ def test_sliding_group_frees_blocks_out_of_the_window_and_hits_need_only_the_win
     assert kv.allocate_slots(a, 16)
     a.num_computed_tokens = 16
     assert kv.allocate_slots(a, 16)  # token 16 reads 5..16: block 0 (tokens 0-7) stays
-    assert kv.block_tables("a") == [[1, 2, 5, 6], [3, 4, 7, 8]]
+    assert kv.block_tables("a") == [[1, 2, 3, 4], [7, 8, 9, 10]]  # each group grows into its reserved run
     a.num_computed_tokens = 32
     assert kv.allocate_slots(a, 8)  # token 32 reads 21..32: blocks 0 and 1 of the sliding group go back
-    assert kv.block_tables("a") == [[1, 2, 5, 6, 9], [0, 0, 7, 8, 10]]
-    assert kv.block_pool.free_queue.block_ids()[-2:] == [3, 4]  # still cached: a later prefix may hit them
+    assert kv.block_tables("a") == [[1, 2, 3, 4, 5], [0, 0, 9, 10, 11]]
+    assert kv.block_pool.free_queue.block_ids()[-2:] == [7, 8]  # still cached: a later prefix may hit them
     b = EngineRequest("b", list(range(33)) + [99], SamplingParams(max_tokens=4), eos_token_id=None)
     hits, num_hit = kv.get_computed_blocks(b)
-    assert num_hit == 32 and [blk.block_id for blk in hits[0]] == [1, 2, 5, 6]
-    assert [blk.block_id for blk in hits[1]] == [0, 0, 7, 8]  # the window of token 32: blocks 2 and 3
+    assert num_hit == 32 and [blk.block_id for blk in hits[0]] == [1, 2, 3, 4]
+    assert [blk.block_id for blk in hits[1]] == [0, 0, 9, 10]  # the window of token 32: blocks 2 and 3
 
 
 def test_long_prompt_kv_usage_bounded_by_the_window(tiny_family_model, hf_greedy, engine_for):

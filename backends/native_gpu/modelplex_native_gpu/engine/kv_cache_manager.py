@@ -9,6 +9,8 @@ from .block_pool import BlockPool, KVCacheBlock
 from .kv_cache_groups import KVCacheGroup
 from .request import EngineRequest
 
+MAX_RESERVED_BLOCKS = 64  # a table's soft reservation (engine/block_pool.py), at most 1024 tokens at 16
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -125,9 +127,13 @@ class KVCacheManager:
         for g, blocks in enumerate(tables):  # hits leave the free queue before any block is popped from it
             self.block_pool.touch(block for block in hits[g] if block is not null)
             blocks.extend(hits[g])
-        new_blocks = iter(self.block_pool.get_new_blocks(sum(num_needed)))
+        # The blocks the request will still need if it runs to max_tokens: reserved after a new run of blocks.
+        num_expected = cdiv(request.num_prompt_tokens + request.sampling_params.max_tokens, self.block_size)
+        reserve = min(max(0, num_expected - num_total_blocks), MAX_RESERVED_BLOCKS)
         for g, blocks in enumerate(tables):
-            blocks.extend(next(new_blocks) for _ in range(num_needed[g]))
+            if num_needed[g]:
+                last = next((block for block in reversed(blocks) if block is not null), None)
+                blocks.extend(self.block_pool.get_new_blocks(num_needed[g], after=last, reserve=reserve))
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
         return True
@@ -165,3 +171,5 @@ class KVCacheManager:
         null = self.block_pool.null_block
         for blocks in tables:
             self.block_pool.free_blocks(block for block in reversed(blocks) if block is not null)
+            if blocks and blocks[-1] is not null:
+                self.block_pool.release_reservation(blocks[-1])
