@@ -6,11 +6,12 @@
 // threads do the same) after each product. Each thread keeps its own copy of the residual stream and
 // computes the norms, the int16 activations and silu(gate) * up itself (the same ops on the same values
 // as decode_layer.cpp's, so every copy holds the same bits), then multiplies its share of the weight's groups,
-// split as at::parallel_for splits them; the rotary embedding, K/V store and attention run on thread 0.
+// split as at::parallel_for splits them, and rotates, stores and attends with its share of the K/V heads.
 // Every result is bit for bit decode_layer.cpp's.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
 #include "quant_gemm.h"
@@ -137,11 +138,12 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
   // Shared products; private per thread: the residual stream, the normed input, the activations.
   at::Tensor q_k_v = at::empty({M, n_qkv}, x.options()), o_out = at::empty({M, H}, x.options());
   at::Tensor h = at::empty({M, 2 * inter}, x.options()), y = at::zeros({M, H}, x.options());
-  at::Tensor attn;
+  at::Tensor attn = at::empty({M, q_size}, x.options());
   int parts = 1;
 #if defined(_OPENMP)
   parts = std::max(1, std::min(at::get_num_threads(), 64));
 #endif
+  const int64_t group = num_heads / num_kv_heads;
   std::vector<at::Tensor> residuals(parts), normed(parts);
   for (int p = 0; p < parts; ++p) {
     residuals[p] = x.clone();
@@ -158,7 +160,9 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
       if (!failed.exchange(true)) error = std::current_exception();
     }
   };
+  const bool inference = c10::InferenceMode::is_enabled();  // thread-local: the team's threads take the caller's
   auto run = [&](int part) {
+    c10::InferenceMode mode(inference);
     at::Tensor& residual = residuals[part];
     at::Tensor& xn = normed[part];
     float* xn_ptr = xn.data_ptr<float>();
@@ -170,18 +174,21 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
         linear_part(qkv[i], types[4 * i], xn_ptr, M, H, a, q_k_v.data_ptr<float>(), part, parts);
       });
       barrier.wait();
-      if (part == 0) {
-        guarded([&] {
-          const at::Tensor qk = q_k_v.narrow(1, 0, q_size + num_kv_heads * head_dim).view({M, -1, head_dim});
-          rotary.call(qk, cos, sin);
-          const at::Tensor v = q_k_v.narrow(1, q_size + num_kv_heads * head_dim, num_kv_heads * head_dim)
-                                   .view({M, num_kv_heads, head_dim});
-          store.call(qk.narrow(1, num_heads, num_kv_heads), v, k_caches[i], v_caches[i], slot_mapping);
-          attn = attend.call(qk.narrow(1, 0, num_heads), k_caches[i], v_caches[i], block_tables, context_lens, scale)
-                     .reshape({M, q_size})
-                     .contiguous();
-        });
-      }
+      guarded([&] {  // this thread's K/V heads and the query heads that read them
+        const int64_t kv_chunk = (num_kv_heads + parts - 1) / parts, kv0 = std::min(num_kv_heads, part * kv_chunk);
+        const int64_t n = std::min(num_kv_heads - kv0, kv_chunk);
+        if (n <= 0) return;
+        const at::Tensor qk = q_k_v.narrow(1, 0, q_size + num_kv_heads * head_dim).view({M, -1, head_dim});
+        const at::Tensor q = qk.narrow(1, kv0 * group, n * group), k = qk.narrow(1, num_heads + kv0, n);
+        const at::Tensor v = q_k_v.narrow(1, q_size + num_kv_heads * head_dim, num_kv_heads * head_dim)
+                                 .view({M, num_kv_heads, head_dim}).narrow(1, kv0, n);
+        const at::Tensor k_cache = k_caches[i].narrow(2, kv0, n), v_cache = v_caches[i].narrow(2, kv0, n);
+        rotary.call(q, cos, sin);
+        rotary.call(k, cos, sin);
+        store.call(k, v, k_cache, v_cache, slot_mapping);
+        attn.view({M, num_heads, head_dim}).narrow(1, kv0 * group, n * group)
+            .copy_(attend.call(q, k_cache, v_cache, block_tables, context_lens, scale));
+      });
       barrier.wait();
       guarded([&] { linear_part(o[i], types[4 * i + 1], attn.data_ptr<float>(), M, q_size, a, o_out.data_ptr<float>(),
                                 part, parts); });
