@@ -6,7 +6,8 @@
 // threads do the same) after each product. Each thread keeps its own copy of the residual stream and
 // computes the norms, the int16 activations and silu(gate) * up itself (the same ops on the same values
 // as decode_layer.cpp's, so every copy holds the same bits), then multiplies its share of the weight's groups,
-// split as at::parallel_for splits them, and rotates, stores and attends with its share of the K/V heads.
+// split as at::parallel_for splits them, and rotates, stores and attends with its share of the sequences (at
+// one sequence, of the K/V heads).
 // Every result is bit for bit decode_layer.cpp's.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -174,20 +175,26 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
         linear_part(qkv[i], types[4 * i], xn_ptr, M, H, a, q_k_v.data_ptr<float>(), part, parts);
       });
       barrier.wait();
-      guarded([&] {  // this thread's K/V heads and the query heads that read them
-        const int64_t kv_chunk = (num_kv_heads + parts - 1) / parts, kv0 = std::min(num_kv_heads, part * kv_chunk);
-        const int64_t n = std::min(num_kv_heads - kv0, kv_chunk);
+      guarded([&] {  // this thread's sequences (or at one sequence a step, its K/V heads and their queries)
+        const bool by_heads = M < parts;
+        const int64_t count = by_heads ? num_kv_heads : M, chunk = (count + parts - 1) / parts;
+        const int64_t first = std::min(count, part * chunk), n = std::min(count - first, chunk);
         if (n <= 0) return;
-        const at::Tensor qk = q_k_v.narrow(1, 0, q_size + num_kv_heads * head_dim).view({M, -1, head_dim});
-        const at::Tensor q = qk.narrow(1, kv0 * group, n * group), k = qk.narrow(1, num_heads + kv0, n);
-        const at::Tensor v = q_k_v.narrow(1, q_size + num_kv_heads * head_dim, num_kv_heads * head_dim)
-                                 .view({M, num_kv_heads, head_dim}).narrow(1, kv0, n);
-        const at::Tensor k_cache = k_caches[i].narrow(2, kv0, n), v_cache = v_caches[i].narrow(2, kv0, n);
-        rotary.call(q, cos, sin);
-        rotary.call(k, cos, sin);
-        store.call(k, v, k_cache, v_cache, slot_mapping);
-        attn.view({M, num_heads, head_dim}).narrow(1, kv0 * group, n * group)
-            .copy_(attend.call(q, k_cache, v_cache, block_tables, context_lens, scale));
+        const int64_t t0 = by_heads ? 0 : first, tokens = by_heads ? M : n;
+        const int64_t kv0 = by_heads ? first : 0, kv = by_heads ? n : num_kv_heads;
+        const at::Tensor rows = q_k_v.narrow(0, t0, tokens);
+        const at::Tensor qk = rows.narrow(1, 0, q_size + num_kv_heads * head_dim).view({tokens, -1, head_dim});
+        const at::Tensor q = qk.narrow(1, kv0 * group, kv * group), k = qk.narrow(1, num_heads + kv0, kv);
+        const at::Tensor v = rows.narrow(1, q_size + num_kv_heads * head_dim, num_kv_heads * head_dim)
+                                 .view({tokens, num_kv_heads, head_dim}).narrow(1, kv0, kv);
+        const at::Tensor k_cache = k_caches[i].narrow(2, kv0, kv), v_cache = v_caches[i].narrow(2, kv0, kv);
+        const at::Tensor c = cos.narrow(0, t0, tokens), s = sin.narrow(0, t0, tokens);
+        rotary.call(q, c, s);
+        rotary.call(k, c, s);
+        store.call(k, v, k_cache, v_cache, slot_mapping.narrow(0, t0, tokens));
+        attn.narrow(0, t0, tokens).view({tokens, num_heads, head_dim}).narrow(1, kv0 * group, kv * group)
+            .copy_(attend.call(q, k_cache, v_cache, block_tables.narrow(0, t0, tokens),
+                               context_lens.narrow(0, t0, tokens), scale));
       });
       barrier.wait();
       guarded([&] { linear_part(o[i], types[4 * i + 1], attn.data_ptr<float>(), M, q_size, a, o_out.data_ptr<float>(),
