@@ -55,35 +55,47 @@ def test_engine_on_quantized_weights_matches_the_dequantized_ones(tmp_path, type
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.95
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0"])
-def test_the_one_call_decode_layer_equals_the_layer_op_by_op(tmp_path, type_name, monkeypatch):
-    """Decode steps through csrc/decode_layer.cpp give bit for bit the hidden states of the Python layer."""
-    from modelplex_native_gpu.models.llama import LlamaDecoderLayer
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_one_call_decode_step_and_layer_equal_the_layer_op_by_op(tmp_path, type_name, threads, monkeypatch):
+    """Decode steps through csrc/decode_step.cpp (all layers, one call, one parallel region on the 16-row groups)
+    and through csrc/decode_layer.cpp (a call a layer) give bit for bit the hidden states of the Python layer,
+    one sequence or three decoding together."""
+    from modelplex_native_gpu.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
     e = engine(write_tiny(tmp_path / f"tiny-{type_name}.gguf", type_name), True)
-    assert all(layer.quantized_decode_weights() is not None for layer in e.runner.model.layers)
-    calls = []
-    monkeypatch.setattr(e.runner.model.fused_ops, "quant_decode_layer", counted(e.runner.model.fused_ops, calls),
+    torch.set_num_threads(threads)
+    model = e.runner.model
+    assert all(layer.quantized_decode_weights() is not None for layer in model.layers)
+    step_calls, layer_calls = [], []
+    monkeypatch.setattr(model.fused_ops, "quant_decode_layers", counted(model.fused_ops, step_calls, "quant_decode_layers"),
                         raising=False)
-    ids = [int(t) for t in np.random.default_rng(1).integers(3, VOCAB, 12)]
+    monkeypatch.setattr(model.fused_ops, "quant_decode_layer", counted(model.fused_ops, layer_calls), raising=False)
+    rng = np.random.default_rng(1)
+    prompts = [[int(t) for t in rng.integers(3, VOCAB, n)] for n in (12, 7, 20)]
 
     def hidden_states():
-        model, captured = e.runner.model, []
+        captured = []
         forward = model.forward
         model.forward = lambda *a, **k: captured.append(forward(*a, **k)) or captured[-1]
         try:
-            e.generate([ids], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+            for batch in (prompts[:1], prompts):
+                e.generate(batch, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
         finally:
             del model.forward
         return captured
 
-    fused = hidden_states()
-    assert len(calls) == 5 * len(e.runner.model.layers)  # every decode step (the prefill step runs op by op)
+    whole_step = hidden_states()
+    repacked = model.layers[0].quantized_decode_weights()[1] >= 1000  # where the build has the 16-row kernels
+    assert len(step_calls) == (10 if repacked else 0) and len(layer_calls) == (0 if repacked else 10 * len(model.layers))
+    monkeypatch.setattr(LlamaForCausalLM, "_decode_step_weights", lambda self, ropes: None)
+    per_layer = hidden_states()
+    assert len(layer_calls) == (10 if repacked else 20) * len(model.layers)
     monkeypatch.setattr(LlamaDecoderLayer, "quantized_decode_weights", lambda self: None)
     op_by_op = hidden_states()
-    assert len(fused) == len(op_by_op) == 6
-    for a, b in zip(fused, op_by_op):
-        assert torch.equal(a, b)
+    assert len(whole_step) == len(per_layer) == len(op_by_op) == 12
+    for a, b, c in zip(whole_step, per_layer, op_by_op):
+        assert torch.equal(a, c) and torch.equal(b, c)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
@@ -106,8 +118,8 @@ def test_repacked_at_load_and_its_tied_embedding_still_looks_rows_up(tmp_path, t
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.95
 
 
-def counted(ops, calls):
-    op = ops.quant_decode_layer
+def counted(ops, calls, name="quant_decode_layer"):
+    op = getattr(ops, name)
 
     def call(*args):
         calls.append(1)

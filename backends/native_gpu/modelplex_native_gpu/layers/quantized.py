@@ -25,6 +25,7 @@ QUANT_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 12: "Q4_K", 13: "Q5_K
 # Q4_0, Q4_1 and Q8_0 repacked in 16-row groups (kernels/csrc/quant_repack.h): the same bytes a row as the file's
 for _file_type, _repacked in ((2, 1002), (3, 1003), (8, 1008)):
     QUANT_FORMATS[_repacked], QUANT_NAMES[_repacked] = QUANT_FORMATS[_file_type], QUANT_NAMES[_file_type] + "x16"
+GROUP16_TYPES = frozenset((1002, 1003, 1008))
 
 
 def row_bytes(qtype: int, in_features: int) -> int:

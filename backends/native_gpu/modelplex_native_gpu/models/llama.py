@@ -17,7 +17,7 @@ from ..errors import ModelLoadError
 from ..layers.attention import AttentionMetadata, PagedAttention
 from ..layers.linear import Linear
 from ..layers.norm import RMSNorm
-from ..layers.quantized import QuantizedWeight, embedding, is_quantized_source
+from ..layers.quantized import GROUP16_TYPES, QuantizedWeight, embedding, is_quantized_source
 from ..layers.rotary import RotaryEmbedding
 from .config import ArchConfig
 
@@ -26,11 +26,24 @@ _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_pro
 _ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
+_module_swaps = [0]  # submodules set on a decoder layer's modules after construction (LoRA wraps projections)
+
+
+class _CountsSwaps(nn.Module):
+    """Counts the submodules set on it, so a whole-step cache of the layers' weights (LlamaForCausalLM) knows
+    when to rebuild without walking every layer each step (nn.Module attribute lookups: ~190 us a step)."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, nn.Module):
+            _module_swaps[0] += 1
+        super().__setattr__(name, value)
+
+
 def _param(*shape) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(_CountsSwaps):
     def __init__(self, cfg: ArchConfig, kernels: ModuleType, layer_idx: int):
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -63,7 +76,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj.forward(o.reshape(num_tokens, self.q_size))
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(_CountsSwaps):
     """down(act(gate(x)) * up(x)): SwiGLU with silu, GeGLU with gelu_tanh."""
 
     def __init__(self, cfg: ArchConfig):
@@ -90,7 +103,7 @@ class LlamaMLP(nn.Module):
         return down.forward(self.act(gate).mul_(up))
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(_CountsSwaps):
     def __init__(self, cfg: ArchConfig, kernels: ModuleType, layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -151,7 +164,7 @@ class LlamaDecoderLayer(nn.Module):
         return x, residual
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(_CountsSwaps):
     """Also the base of the other families: they swap `layer_class`, add rotary tables or override
     `embed`, `compute_logits` and `adapt_weight`."""
 
@@ -173,6 +186,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
         self.fused_ops = None  # kernels' fused CPU layer ops (torch.ops.modelplex_cpu), set by the runner
+        self._step_weights = None  # (_module_swaps when gathered, _gather_step_weights())
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The rows' embeddings (a quantized table dequantizes only the rows looked up)."""
@@ -184,9 +198,43 @@ class LlamaForCausalLM(nn.Module):
         # `.forward` rather than calling the modules, here and in the layers: nn.Module's call (hook
         # checks) costs a few microseconds, ~300 times a step; these modules never carry hooks.
         residual, ops = None, self.fused_ops
+        if ops is not None and len(metas) == 1 and metas[0].num_decode_tokens == x.shape[0] \
+                and x.dtype == torch.float32:
+            step = self._decode_step_weights(ropes)
+            if step is not None:
+                return self._decode_step(step, x, ropes[0], metas[0], ops)
         for layer in self.layers:
             x, residual = layer.forward(ropes[layer.rope_index], x, residual, metas[layer.kv_group], ops)
         return x + residual
+
+    def _decode_step_weights(self, ropes) -> tuple | None:
+        """Every layer's (norms, weights, types) and attention when the whole step can run as one op call
+        (csrc/decode_step.cpp): each layer takes the one-call decode path on the 16-row group layouts."""
+        if len(ropes) != 1 or ropes[0][0].shape[-1] != self.config.head_dim:
+            return None
+        if self._step_weights is None or self._step_weights[0] != _module_swaps[0]:
+            self._step_weights = (_module_swaps[0], self._gather_step_weights())
+        return self._step_weights[1]
+
+    def _gather_step_weights(self) -> tuple | None:
+        layers = self.layers
+        weights = [layer.quantized_decode_weights() for layer in layers]
+        if any(w is None or any(t not in GROUP16_TYPES for t in w[1::2]) for w in weights):
+            return None
+        if any(layer.rope_index != 0 or layer.kv_group != 0 for layer in layers):
+            return None
+        return ([layer.input_layernorm.weight for layer in layers], [layer.post_attention_layernorm.weight
+                for layer in layers], layers[0].input_layernorm.eps, *([w[i] for w in weights] for i in (0, 2, 4, 6)),
+                [t for w in weights for t in w[1::2]], [layer.self_attn.attn for layer in layers])
+
+    def _decode_step(self, step, x, rope, meta, ops):
+        """All the layers at decode in one op call: bit for bit the layers' own one-call decode path."""
+        input_norms, post_norms, eps, qkv, o, gate_up, down, types, attns = step
+        attn = self.layers[0].self_attn
+        return ops.quant_decode_layers(x, input_norms, post_norms, eps, qkv, o, gate_up, down, types, *rope,
+                                       [a.k_cache for a in attns], [a.v_cache for a in attns], meta.slot_mapping,
+                                       meta.decode_block_tables, meta.decode_context_lens, attn.num_heads,
+                                       attn.num_kv_heads, attn.attn.scale)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on the rows that sample; logits are fp32 for the sampler."""

@@ -546,6 +546,16 @@ at::Tensor quant_dequantize(const at::Tensor& data, int64_t qtype, int64_t in_fe
 
 }  // namespace
 
+void modelplex_quant::quantize_activations16(const float* x, int64_t M, int64_t K, int16_t* q, float* d,
+                                             int32_t* qsum) {
+  const int64_t nb = K / 32;
+  for (int64_t i = 0; i < M * nb; ++i) {
+    const int64_t off = (i / nb) * K + (i % nb) * 32;
+    float sx;
+    quantize_block(x + off, q + off, d + i, &sx, qsum + i);
+  }
+}
+
 TORCH_LIBRARY_FRAGMENT(modelplex_cpu, m) {
   m.def("quant_linear(Tensor x, Tensor data, int qtype, Tensor? bias) -> Tensor");
   m.def("quant_silu_mlp(Tensor x, Tensor gate_up, int gate_up_type, Tensor down, int down_type) -> Tensor");

@@ -225,24 +225,33 @@ void group_tile_m(int64_t tokens, const uint8_t* g, int64_t nb, const int16_t* q
   group_tile<T, MR>(g, nb, q, K, d, qsum, y, ldy);
 }
 
+// Groups [g0, g1) of y (and the last N % 16 rows, in the file's layout, when `tail`).
+template <int64_t T>
+void linear_groups(const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d, const int32_t* qsum,
+                   int64_t M, float* y, int64_t g0, int64_t g1, bool tail) {
+  const int64_t nb = K / 32, row_bytes = nb * kBytes<T>;
+  for (int64_t m0 = 0; m0 < M; m0 += kTokenBlock) {
+    const int64_t m1 = std::min(M, m0 + kTokenBlock);
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t m = m0; m < m1; m += kTileTokens) {
+        group_tile_m<T>(std::min(kTileTokens, m1 - m), w + g * kRows * row_bytes, nb, q + m * K, K, d + m * nb,
+                        qsum + m * nb, y + m * N + g * kRows, N);
+      }
+    }
+  }
+  if (!tail) return;
+  for (int64_t r = N / kRows * kRows; r < N; ++r)
+    for (int64_t m = 0; m < M; ++m)
+      y[m * N + r] = ggml_row_dot<T>(w + r * row_bytes, nb, q + m * K, d + m * nb, qsum + m * nb);
+}
+
 template <int64_t T>
 void linear(const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d, const int32_t* qsum, int64_t M,
             float* y) {
-  const int64_t nb = K / 32, row_bytes = nb * kBytes<T>, groups = N / kRows;
-  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t m0 = 0; m0 < M; m0 += kTokenBlock) {
-      const int64_t m1 = std::min(M, m0 + kTokenBlock);
-      for (int64_t g = g0; g < g1; ++g) {
-        for (int64_t m = m0; m < m1; m += kTileTokens) {
-          group_tile_m<T>(std::min(kTileTokens, m1 - m), w + g * kRows * row_bytes, nb, q + m * K, K, d + m * nb,
-                          qsum + m * nb, y + m * N + g * kRows, N);
-        }
-      }
-    }
+  at::parallel_for(0, N / kRows, 1, [&](int64_t g0, int64_t g1) {
+    linear_groups<T>(w, N, K, q, d, qsum, M, y, g0, g1, false);
   });
-  for (int64_t r = groups * kRows; r < N; ++r)  // the last N % 16 rows, in the file's layout
-    for (int64_t m = 0; m < M; ++m)
-      y[m * N + r] = ggml_row_dot<T>(w + r * row_bytes, nb, q + m * K, d + m * nb, qsum + m * nb);
+  linear_groups<T>(w, N, K, q, d, qsum, M, y, 0, 0, true);
 }
 
 // Row `row` in the operations of gguf.quants' dequantize: Q4_0 d (q - 8), Q4_1 d q + m, Q8_0 d q.
@@ -303,6 +312,16 @@ void group16_linear(int64_t type, const uint8_t* w, int64_t N, int64_t K, const 
   if (type == kQ4_0x16) linear<kQ4_0>(w, N, K, q, d, qsum, M, y);
   else if (type == kQ4_1x16) linear<kQ4_1>(w, N, K, q, d, qsum, M, y);
   else linear<kQ8_0>(w, N, K, q, d, qsum, M, y);
+}
+
+void group16_linear_part(int64_t type, const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d,
+                         const int32_t* qsum, int64_t M, float* y, int64_t part, int64_t parts) {
+  const int64_t groups = N / kRows, chunk = (groups + parts - 1) / parts;
+  const int64_t g0 = std::min(groups, part * chunk), g1 = std::min(groups, g0 + chunk);
+  const bool tail = part == parts - 1;
+  if (type == kQ4_0x16) linear_groups<kQ4_0>(w, N, K, q, d, qsum, M, y, g0, g1, tail);
+  else if (type == kQ4_1x16) linear_groups<kQ4_1>(w, N, K, q, d, qsum, M, y, g0, g1, tail);
+  else linear_groups<kQ8_0>(w, N, K, q, d, qsum, M, y, g0, g1, tail);
 }
 
 void group16_dequantize_row(int64_t type, const uint8_t* w, int64_t N, int64_t K, int64_t row, float* out) {

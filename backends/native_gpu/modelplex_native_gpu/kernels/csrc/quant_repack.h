@@ -14,6 +14,15 @@ inline bool is_group16(int64_t type) { return type == kQ4_0x16 || type == kQ4_1x
 void group16_linear(int64_t type, const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d,
                     const int32_t* qsum, int64_t M, float* y);
 
+// The same product, only part `part` of `parts` (a team's thread): its share of the 16-row groups, split as
+// at::parallel_for splits them, and the last part also the N % 16 rows after them.
+void group16_linear_part(int64_t type, const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d,
+                         const int32_t* qsum, int64_t M, float* y, int64_t part, int64_t parts);
+
+// x [M][K] fp32 -> the int16 activations quant_linear multiplies (q [M][K], d and qsum [M][K / 32]), the same
+// bits as its own; one thread.
+void quantize_activations16(const float* x, int64_t M, int64_t K, int16_t* q, float* d, int32_t* qsum);
+
 // Row `row` of the [N, K] weight w in layout `type` as fp32, bit for bit gguf's dequantization of the file's row.
 void group16_dequantize_row(int64_t type, const uint8_t* w, int64_t N, int64_t K, int64_t row, float* out);
 

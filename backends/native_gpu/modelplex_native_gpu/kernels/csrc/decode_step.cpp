@@ -1,0 +1,247 @@
+// All the decoder layers of a decode step (one token a sequence, fp32, weights in the 16-row group layouts of
+// quant_repack.cpp) in one op call and one parallel region. Per layer, decode_layer.cpp's ops open five
+// parallel regions (q/k/v, attention, o, gate/up, down); a fork and join of torch's OpenMP pool measured
+// ~3.5 us on this 2-core machine (64K-float add: 4.4 us on 1 thread, 5.7 us on 2), ~150 of them a SmolLM2
+// step, a fifth of it. Here the team stays up for the whole step and meets at a spin barrier (llama.cpp's
+// threads do the same) after each product. Each thread keeps its own copy of the residual stream and
+// computes the norms, the int16 activations and silu(gate) * up itself (the same ops on the same values
+// as decode_layer.cpp's, so every copy holds the same bits), then multiplies its share of the weight's groups,
+// split as at::parallel_for splits them, and rotates, stores and attends with its share of the sequences (at
+// one sequence, of the K/V heads).
+// Every result is bit for bit decode_layer.cpp's.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/library.h>
+
+#include "quant_gemm.h"
+#include "quant_repack.h"
+
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+template <typename F>
+c10::TypedOperatorHandle<F> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<F>();
+}
+
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n) : n_(n) {}
+  void reset(int n) { n_ = n; }
+  void wait() {
+    const int gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
+#if defined(__x86_64__)
+      if (spins < (1 << 12)) {
+        _mm_pause();
+        continue;
+      }
+#endif
+      std::this_thread::yield();  // the other thread lost its core (a shared machine): let it have ours
+    }
+  }
+
+ private:
+  int n_;
+  std::atomic<int> count_{0}, gen_{0};
+};
+
+// One thread's int16 activations.
+struct Activations {
+  std::vector<int16_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> qsum;
+};
+
+// y [M, N] (shared) = x [M, K] times w: this thread's part of the groups.
+void linear_part(const at::Tensor& w, int64_t type, const float* x, int64_t M, int64_t K, Activations& a, float* y,
+                 int part, int parts) {
+  a.q.resize(M * K);
+  a.d.resize(M * K / 32);
+  a.qsum.resize(M * K / 32);
+  modelplex_quant::quantize_activations16(x, M, K, a.q.data(), a.d.data(), a.qsum.data());
+  modelplex_quant::group16_linear_part(type, w.data_ptr<uint8_t>(), w.size(0), K, a.q.data(), a.d.data(),
+                                       a.qsum.data(), M, y, part, parts);
+}
+
+using DecodeLayerFn = at::Tensor(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&, double,
+                                 const at::Tensor&, int64_t, const at::Tensor&, int64_t, const at::Tensor&, int64_t,
+                                 const at::Tensor&, int64_t, const at::Tensor&, const at::Tensor&, at::Tensor,
+                                 at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                 int64_t, double);
+
+// x [T, hidden]: the embeddings. Per layer i: norms, weights (types[4 i .. 4 i + 3]: q/k/v, o, gate/up,
+// down) and cache views. -> the last layer's output plus the residual stream (the model's hidden states).
+at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, at::TensorList post_norms, double eps,
+                               at::TensorList qkv, at::TensorList o, at::TensorList gate_up, at::TensorList down,
+                               at::IntArrayRef types, const at::Tensor& cos, const at::Tensor& sin,
+                               at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& slot_mapping,
+                               const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t num_heads,
+                               int64_t num_kv_heads, double scale) {
+  const int64_t L = qkv.size();
+  TORCH_CHECK(input_norms.size() == L && post_norms.size() == L && o.size() == L && gate_up.size() == L &&
+                  down.size() == L && k_caches.size() == L && v_caches.size() == L &&
+                  static_cast<int64_t>(types.size()) == 4 * L,
+              "quant_decode_layers: one of each per layer");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x: expected fp32 [tokens, hidden]");
+  const int64_t M = x.size(0), H = x.size(1);
+  bool grouped = true;
+  for (int64_t t : types) {
+    grouped = grouped && modelplex_quant::is_group16(t) && !modelplex_quant_gemm::prefers_quant_gemm(t, M);
+  }
+  if (!grouped || L == 0) {  // one op call a layer
+    static const auto layer = op<DecodeLayerFn>("modelplex_cpu::quant_decode_layer");
+    at::Tensor h = at::zeros_like(x), residual = x.clone();
+    for (int64_t i = 0; i < L; ++i) {
+      h = layer.call(h, residual, input_norms[i], post_norms[i], eps, qkv[i], types[4 * i], o[i], types[4 * i + 1],
+                     gate_up[i], types[4 * i + 2], down[i], types[4 * i + 3], cos, sin, k_caches[i], v_caches[i],
+                     slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, scale);
+    }
+    return h + residual;
+  }
+  static const auto add_norm =
+      op<void(at::Tensor, at::Tensor, const at::Tensor&, double)>("modelplex_cpu::fused_add_rms_norm");
+  static const auto rotary = op<void(at::Tensor, const at::Tensor&, const at::Tensor&)>("modelplex_cpu::rotary_embedding");
+  static const auto store = op<void(const at::Tensor&, const at::Tensor&, at::Tensor, at::Tensor, const at::Tensor&)>(
+      "modelplex_cpu::store_kvcache");
+  static const auto attend = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, double)>("modelplex_cpu::paged_decode_attention");
+  for (int64_t i = 0; i < L; ++i) {
+    for (const at::Tensor* w : {&qkv[i], &o[i], &gate_up[i], &down[i]}) {
+      TORCH_CHECK(w->scalar_type() == at::kByte && w->dim() == 2 && w->is_contiguous(), "weights: expected uint8 rows");
+    }
+    TORCH_CHECK(o[i].size(0) == H && down[i].size(0) == H && gate_up[i].size(0) % 2 == 0 &&
+                    qkv[i].size(0) == qkv[0].size(0) && gate_up[i].size(0) == gate_up[0].size(0),
+                "quant_decode_layers: weight shapes differ between layers");
+  }
+  const int64_t n_qkv = qkv[0].size(0), inter = gate_up[0].size(0) / 2;
+  const int64_t head_dim = n_qkv / (num_heads + 2 * num_kv_heads), q_size = num_heads * head_dim;
+  // Shared products; private per thread: the residual stream, the normed input, the activations.
+  at::Tensor q_k_v = at::empty({M, n_qkv}, x.options()), o_out = at::empty({M, H}, x.options());
+  at::Tensor h = at::empty({M, 2 * inter}, x.options()), y = at::zeros({M, H}, x.options());
+  at::Tensor attn = at::empty({M, q_size}, x.options());
+  int parts = 1;
+#if defined(_OPENMP)
+  parts = std::max(1, std::min(at::get_num_threads(), 64));
+#endif
+  const int64_t group = num_heads / num_kv_heads;
+  std::vector<at::Tensor> residuals(parts), normed(parts);
+  for (int p = 0; p < parts; ++p) {
+    residuals[p] = x.clone();
+    normed[p] = at::empty_like(x);
+  }
+  SpinBarrier barrier(parts);
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  auto guarded = [&](auto&& body) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    try {
+      body();
+    } catch (...) {
+      if (!failed.exchange(true)) error = std::current_exception();
+    }
+  };
+  const bool inference = c10::InferenceMode::is_enabled();  // thread-local: the team's threads take the caller's
+  auto run = [&](int part) {
+    c10::InferenceMode mode(inference);
+    at::Tensor& residual = residuals[part];
+    at::Tensor& xn = normed[part];
+    float* xn_ptr = xn.data_ptr<float>();
+    Activations a;
+    for (int64_t i = 0; i < L; ++i) {
+      guarded([&] {
+        std::memcpy(xn_ptr, y.data_ptr<float>(), M * H * sizeof(float));  // the first layer adds zeros
+        add_norm.call(xn, residual, input_norms[i], eps);
+        linear_part(qkv[i], types[4 * i], xn_ptr, M, H, a, q_k_v.data_ptr<float>(), part, parts);
+      });
+      barrier.wait();
+      guarded([&] {  // this thread's sequences (or at one sequence a step, its K/V heads and their queries)
+        const bool by_heads = M < parts;
+        const int64_t count = by_heads ? num_kv_heads : M, chunk = (count + parts - 1) / parts;
+        const int64_t first = std::min(count, part * chunk), n = std::min(count - first, chunk);
+        if (n <= 0) return;
+        const int64_t t0 = by_heads ? 0 : first, tokens = by_heads ? M : n;
+        const int64_t kv0 = by_heads ? first : 0, kv = by_heads ? n : num_kv_heads;
+        const at::Tensor rows = q_k_v.narrow(0, t0, tokens);
+        const at::Tensor qk = rows.narrow(1, 0, q_size + num_kv_heads * head_dim).view({tokens, -1, head_dim});
+        const at::Tensor q = qk.narrow(1, kv0 * group, kv * group), k = qk.narrow(1, num_heads + kv0, kv);
+        const at::Tensor v = rows.narrow(1, q_size + num_kv_heads * head_dim, num_kv_heads * head_dim)
+                                 .view({tokens, num_kv_heads, head_dim}).narrow(1, kv0, kv);
+        const at::Tensor k_cache = k_caches[i].narrow(2, kv0, kv), v_cache = v_caches[i].narrow(2, kv0, kv);
+        const at::Tensor c = cos.narrow(0, t0, tokens), s = sin.narrow(0, t0, tokens);
+        rotary.call(q, c, s);
+        rotary.call(k, c, s);
+        store.call(k, v, k_cache, v_cache, slot_mapping.narrow(0, t0, tokens));
+        attn.narrow(0, t0, tokens).view({tokens, num_heads, head_dim}).narrow(1, kv0 * group, kv * group)
+            .copy_(attend.call(q, k_cache, v_cache, block_tables.narrow(0, t0, tokens),
+                               context_lens.narrow(0, t0, tokens), scale));
+      });
+      barrier.wait();
+      guarded([&] { linear_part(o[i], types[4 * i + 1], attn.data_ptr<float>(), M, q_size, a, o_out.data_ptr<float>(),
+                                part, parts); });
+      barrier.wait();
+      guarded([&] {
+        std::memcpy(xn_ptr, o_out.data_ptr<float>(), M * H * sizeof(float));
+        add_norm.call(xn, residual, post_norms[i], eps);
+        linear_part(gate_up[i], types[4 * i + 2], xn_ptr, M, H, a, h.data_ptr<float>(), part, parts);
+      });
+      barrier.wait();
+      guarded([&] {
+        const at::Tensor act = at::silu(h.narrow(1, 0, inter)).mul_(h.narrow(1, inter, inter));
+        linear_part(down[i], types[4 * i + 3], act.data_ptr<float>(), M, inter, a, y.data_ptr<float>(), part, parts);
+      });
+      barrier.wait();
+    }
+  };
+  bool ran = false;
+#if defined(_OPENMP)
+  if (parts > 1) {
+#pragma omp parallel num_threads(parts)
+    if (omp_get_num_threads() == parts) {
+      run(omp_get_thread_num());
+#pragma omp master
+      ran = true;
+    }
+  }
+#endif
+  if (!ran) {  // the runtime gave a smaller team than asked (nothing ran): one thread does it all
+    parts = 1;
+    barrier.reset(1);
+    run(0);
+  }
+  if (error) std::rethrow_exception(error);
+  return y + residuals[0];
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(modelplex_cpu, m) {
+  m.def("quant_decode_layers(Tensor x, Tensor[] input_norms, Tensor[] post_norms, float eps, Tensor[] qkv, "
+        "Tensor[] o, Tensor[] gate_up, Tensor[] down, int[] types, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, "
+        "Tensor(b!)[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, "
+        "int num_kv_heads, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) {
+  m.impl("quant_decode_layers", &quant_decode_layers);
+}
