@@ -477,17 +477,60 @@ inline __m512 exp_nonpositive512(__m512 x) {
   return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
+// 16 lanes folded to 8 for the sum8 tree.
+inline __m256 fold16(__m512 a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+#if defined(__AVX512BF16__)
+inline __m512bh load32bh(const at::BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+// bf16 K, head_dim 64: s[g * 16 + t] = scale * (q_g . k_t) for t < n, with vdpbf16ps (bf16 pairs multiplied
+// exactly and summed in fp32, as the widened FMAs but pairwise) on the unscaled bf16 query.
+template <int G>
+void chunk_scores_bf16(const __m512bh (&qb)[G][2], const at::BFloat16* k, int64_t token_stride, int64_t n,
+                       float scale, float* s) {
+  const __m256 sc8 = _mm256_set1_ps(scale);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8)
+    for (int g = 0; g < G; ++g) {
+      __m512 a[8];
+      for (int j = 0; j < 8; ++j) {
+        const at::BFloat16* row = k + (t + j) * token_stride;
+        a[j] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), qb[g][0], load32bh(row)), qb[g][1], load32bh(row + 32));
+      }
+      const __m256 sums = sum8(fold16(a[0]), fold16(a[1]), fold16(a[2]), fold16(a[3]), fold16(a[4]), fold16(a[5]),
+                               fold16(a[6]), fold16(a[7]));
+      _mm256_storeu_ps(s + g * 16 + t, _mm256_mul_ps(sums, sc8));
+    }
+  for (; t < n; ++t)
+    for (int g = 0; g < G; ++g) {
+      const at::BFloat16* row = k + t * token_stride;
+      const __m512 a = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), qb[g][0], load32bh(row)), qb[g][1], load32bh(row + 32));
+      s[g * 16 + t] = _mm512_reduce_add_ps(a) * scale;
+    }
+}
+#endif
+
 // decode_task for head_dim 64 and G <= 4 query heads per KV head: the G x 64 accumulators stay in registers
 // across the whole sequence, and each 16-token chunk's softmax step is one 16-lane vector per head.
-template <int G>
-void decode_task64(const DecodeBlocks<float>& kv, int64_t task, const float* q, int64_t q_head_stride, float scale,
-                   BlockCursor& ahead, int64_t end, float* out) {
+// bf16 K goes through vdpbf16ps where the CPU has AVX512_BF16 (half the instructions of widening each row).
+template <int G, typename scalar_t>
+void decode_task64(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_t* q, int64_t q_head_stride,
+                   float scale, BlockCursor& ahead, int64_t end, scalar_t* out) {
   constexpr int64_t D = 64, C = 16;  // C: tokens a chunk
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
   alignas(64) float qf[G * D], s[G * C];
   __m512 acc[G][4];
   float m[G], l[G];
+#if defined(__AVX512BF16__)
+  __m512bh qb[G][2];
+  if constexpr (kBf16)
+    for (int g = 0; g < G; ++g)
+      for (int i = 0; i < 2; ++i) qb[g][i] = load32bh(q + g * q_head_stride + 32 * i);
+#endif
   for (int g = 0; g < G; ++g) {
-    for (int64_t d = 0; d < D; ++d) qf[g * D + d] = q[g * q_head_stride + d] * scale;
+    for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(q[g * q_head_stride + d]) * scale;  // unused by vdpbf16ps
     for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_setzero_ps();
     m[g] = -std::numeric_limits<float>::infinity();
     l[g] = 0.f;
@@ -496,10 +539,14 @@ void decode_task64(const DecodeBlocks<float>& kv, int64_t task, const float* q, 
   for (int64_t j = 0; j * kv.block_size < len; ++j) {
     kv.prefetch_next(ahead, end);
     const int64_t tokens = kv.tokens_in(task, j);
-    const float *kb = kv.at(kv.k, task, j), *vb = kv.at(kv.v, task, j);
+    const scalar_t *kb = kv.at(kv.k, task, j), *vb = kv.at(kv.v, task, j);
     for (int64_t c = 0; c < tokens; c += C) {
       const int64_t n = std::min(C, tokens - c);
-      const float *kc = kb + c * token_stride, *vc = vb + c * token_stride;
+      const scalar_t *kc = kb + c * token_stride, *vc = vb + c * token_stride;
+#if defined(__AVX512BF16__)
+      if constexpr (kBf16) chunk_scores_bf16<G>(qb, kc, token_stride, n, scale, s);
+      else
+#endif
       for (int64_t t = block_scores512(qf, kc, token_stride, n, G, D, s, C); t < n; ++t)
         for (int g = 0; g < G; ++g) {
           __m512 a = _mm512_mul_ps(_mm512_load_ps(qf + g * D), load16(kc + t * token_stride));
@@ -510,13 +557,11 @@ void decode_task64(const DecodeBlocks<float>& kv, int64_t task, const float* q, 
       for (int g = 0; g < G; ++g) {
         const __m512 sg = _mm512_mask_load_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), live, s + g * C);
         const float m_new = std::max(m[g], _mm512_reduce_max_ps(sg));
-        if (m_new > m[g]) {  // the first chunk: m[g] = -inf, alpha = 0 over zero accumulators
-          const float alpha = std::exp(m[g] - m_new);
-          const __m512 av = _mm512_set1_ps(alpha);
-          for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_mul_ps(acc[g][i], av);
-          l[g] *= alpha;
-          m[g] = m_new;
-        }
+        // exp(m - m_new): 1 exactly while the max holds; ~1e-38 over the zero sums of the first chunk (m = -inf)
+        const __m512 alpha = exp_nonpositive512(_mm512_set1_ps(m[g] - m_new));
+        for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_mul_ps(acc[g][i], alpha);
+        l[g] *= _mm512_cvtss_f32(alpha);
+        m[g] = m_new;
         const __m512 p = _mm512_maskz_mov_ps(live, exp_nonpositive512(_mm512_sub_ps(sg, _mm512_set1_ps(m_new))));
         l[g] += _mm512_reduce_add_ps(p);
         _mm512_store_ps(s + g * C, p);
@@ -532,18 +577,18 @@ void decode_task64(const DecodeBlocks<float>& kv, int64_t task, const float* q, 
     }
   }
   for (int g = 0; g < G; ++g) {
+    alignas(64) float o[D];
     const __m512 inv = _mm512_set1_ps(1.f / l[g]);
-    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(out + g * D + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+    for (int i = 0; i < 4; ++i) _mm512_store_ps(o + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = static_cast<scalar_t>(o[d]);
   }
 }
 
-// Runs decode_task64<G> when it applies (AVX-512, fp32, head_dim 64, 1-4 query heads per KV head).
+// Runs decode_task64<G> when it applies (AVX-512, fp32 or bf16, head_dim 64, 1-4 query heads per KV head).
 template <typename scalar_t>
 bool decode_task_fast(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_t* q, int64_t q_head_stride,
                       int64_t group, float scale, BlockCursor& ahead, int64_t end, scalar_t* out) {
-  // fp32 only: with bf16 K/V (half the bytes, the same widening work) it measured slower than decode_task's
-  // passes over a block (9.2 vs 8.4 ms a step of 64 x 192 tokens; fp32 14.5 vs 16.4).
-  if constexpr (std::is_same_v<scalar_t, float>) {
+  if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::BFloat16>) {
     if (kv.head_dim != 64) return false;
     switch (group) {
       case 1: decode_task64<1>(kv, task, q, q_head_stride, scale, ahead, end, out); return true;
