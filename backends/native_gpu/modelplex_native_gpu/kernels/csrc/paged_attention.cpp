@@ -403,14 +403,13 @@ struct DecodeBlocks {
   int64_t tokens_in(int64_t task, int64_t block) const {
     return std::min(block_size, lens[task / num_kv_heads] - block * block_size);
   }
-  // Prefetches the cursor's block (K and V) and moves it to the next one; false past the last task.
-  bool prefetch_next(BlockCursor& c, int64_t end) const {
-    if (c.task >= end) return false;
+  // Prefetches the cursor's block (K and V) and moves it to the next one (nothing past the last task).
+  void prefetch_next(BlockCursor& c, int64_t end) const {
+    if (c.task >= end) return;
     const int64_t n = tokens_in(c.task, c.block);
     prefetch_block(at(k, c.task, c.block), n, token_stride, head_dim);
     prefetch_block(at(v, c.task, c.block), n, token_stride, head_dim);
     if ((++c.block) * block_size >= lens[c.task / num_kv_heads]) c = {c.task + 1, 0};
-    return true;
   }
 };
 
