@@ -1,11 +1,22 @@
 """The CPU path's compiled paged attention (decode and prefill) vs the torch reference (the ops are built
 on first use)."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
+from helpers.attention_cases import (
+    BF16_ATOL,
+    BF16_RTOL,
+    BLOCK_SIZE,
+    DECODE_SHAPES,
+    check_decode,
+    float64_case,
+    make_case,
+)
 
 from modelplex_native_gpu.kernels import cpu, reference
-
-BLOCK_SIZE = 16
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -14,56 +25,35 @@ def compiled():
         pytest.fail("the CPU decode-attention op did not build (gcc and ninja are installed by `make`)")
 
 
-def make_case(batch, num_heads, num_kv_heads, head_dim, context_lens, dtype=torch.float32, num_blocks=64, seed=0):
-    """Caches in the CPU runner's head-major layout, shuffled disjoint block tables padded with the null block."""
-    g = torch.Generator().manual_seed(seed)
-    shape = (num_kv_heads, num_blocks, BLOCK_SIZE, head_dim)
-    k_cache, v_cache = (torch.randn(shape, generator=g).to(dtype).permute(1, 2, 0, 3) for _ in range(2))
-    max_blocks = max(-(-n // BLOCK_SIZE) for n in context_lens) + 1  # one padded column
-    ids = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
-    tables = []
-    for n in context_lens:
-        k = -(-n // BLOCK_SIZE)
-        tables.append([ids.pop() for _ in range(k)] + [0] * (max_blocks - k))
-    query = torch.randn(batch, num_heads, head_dim, generator=g).to(dtype)
-    return query, k_cache, v_cache, torch.tensor(tables, dtype=torch.int32), torch.tensor(context_lens, dtype=torch.int32)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", DECODE_SHAPES)
+def test_decode_matches_reference(num_heads, num_kv_heads, head_dim):
+    """fp32 within 1e-5 of the torch reference, bf16 within a rounding of float64 (helpers/attention_cases.py)."""
+    check_decode(cpu.compiled_ops(), num_heads, num_kv_heads, head_dim)
 
 
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [
-    (9, 3, 64),   # SmolLM2-135M: 3 query heads per KV head
-    (4, 4, 32),   # no GQA
-    (8, 2, 24),   # head size not a multiple of 8: the scalar path
-    (6, 1, 80),   # head size not a multiple of 32: the 8-float tail
-])
-def test_matches_reference(num_heads, num_kv_heads, head_dim):
-    # 1: a single token; 16/17: at and across a block boundary; 100 and 203: many blocks, a partial tail
-    lens = [1, 16, 17, 100, 203]
-    case = make_case(len(lens), num_heads, num_kv_heads, head_dim, lens)
-    scale = head_dim ** -0.5
-    got = cpu.paged_decode_attention(*case, scale)
-    want = reference.paged_decode_attention(*case, scale)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+# The AVX2 and portable builds of the op, alone in a child process (the op names would clash with the ones
+# loaded here); the native build runs the same checks in the tests above.
+OTHER_BUILD = """
+import sys, torch
+from torch.utils import cpp_extension
+from helpers.attention_cases import DECODE_SHAPES, check_decode
+cpp_extension.load(name="modelplex_attention_" + sys.argv[1], sources=[sys.argv[2]], is_python_module=False,
+                   extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"] + sys.argv[3:])
+for shape in DECODE_SHAPES:
+    check_decode(torch.ops.modelplex_cpu, *shape)
+print("ok")
+"""
 
 
-# bf16: K/V widened to fp32 as read, the fp32 kernels' arithmetic, one rounding of the output to bf16. Bound
-# against float64 attention over the same bf16 inputs: half a bf16 ulp (rtol 2^-8 covers it) plus fp32 noise.
-BF16_RTOL, BF16_ATOL = 2 ** -8, 1e-5
-
-
-def float64_case(case):
-    return [t.double() if t.is_floating_point() else t for t in case]
-
-
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (8, 2, 24), (6, 1, 80)])
-def test_bfloat16_decode_is_within_a_rounding_of_float64(num_heads, num_kv_heads, head_dim):
-    """(9, 3, 64): the AVX-512 passes; 24: the scalar ones; 80: vector scores, scalar values."""
-    lens = [1, 16, 17, 100, 203]
-    case = make_case(len(lens), num_heads, num_kv_heads, head_dim, lens, dtype=torch.bfloat16)
-    scale = head_dim ** -0.5
-    got = cpu.paged_decode_attention(*case, scale)
-    want = reference.paged_decode_attention(*float64_case(case), scale)
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.double(), want, rtol=BF16_RTOL, atol=BF16_ATOL)
+@pytest.mark.parametrize("flags", [["-mno-avx512f"], ["-mno-avx512f", "-mno-avx2", "-mno-fma"]], ids=["avx2", "portable"])
+def test_the_avx2_and_portable_decode_builds_match(flags):
+    source = os.path.join(os.path.dirname(cpu.__file__), "csrc", "paged_attention.cpp")
+    tag = "avx2" if len(flags) == 1 else "portable"
+    tests = os.path.dirname(os.path.dirname(__file__))
+    path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", OTHER_BUILD, tag, source, *flags],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": path})
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
 def test_padding_and_other_blocks_are_never_read():

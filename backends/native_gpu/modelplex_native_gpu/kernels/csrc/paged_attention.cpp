@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -377,6 +378,235 @@ void attend(const scalar_t* q, int64_t q_token_stride, int64_t q_head_stride, in
     }
 }
 
+// Decode: one query token per sequence, K and V read in a single sweep (online softmax, as flash-decoding
+// does): each block's scores, then their exponentials against the running max (rescaling what was summed
+// before when the max rises), then the block's values, so a block's K and V are fetched together.
+// The blocks a thread will read form one stream over its tasks, fetched kDecodeBlocksAhead blocks ahead
+// (K and V) across task boundaries: blocks are scattered, and hardware prefetchers stop at their edges.
+constexpr int64_t kDecodeBlocksAhead = 4;
+
+// The thread's blocks in reading order: task i = (sequence i / Hkv, KV head i % Hkv), block j of it.
+struct BlockCursor {
+  int64_t task, block;
+};
+
+template <typename scalar_t>
+struct DecodeBlocks {
+  const scalar_t *k, *v;  // the cache's first block of KV head 0
+  int64_t block_stride, token_stride, head_stride, head_dim, block_size, num_kv_heads, max_blocks;
+  const int32_t *tables, *lens;
+
+  const scalar_t* at(const scalar_t* base, int64_t task, int64_t block) const {
+    const int64_t b = task / num_kv_heads, h = task % num_kv_heads;
+    return base + h * head_stride + tables[b * max_blocks + block] * block_stride;
+  }
+  int64_t tokens_in(int64_t task, int64_t block) const {
+    return std::min(block_size, lens[task / num_kv_heads] - block * block_size);
+  }
+  // Prefetches the cursor's block (K and V) and moves it to the next one (nothing past the last task).
+  void prefetch_next(BlockCursor& c, int64_t end) const {
+    if (c.task >= end) return;
+    const int64_t n = tokens_in(c.task, c.block);
+    prefetch_block(at(k, c.task, c.block), n, token_stride, head_dim);
+    prefetch_block(at(v, c.task, c.block), n, token_stride, head_dim);
+    if ((++c.block) * block_size >= lens[c.task / num_kv_heads]) c = {c.task + 1, 0};
+  }
+};
+
+// Folds one block's scores s[g * stride + t] (t < n) into the running softmax of query head g: m[g] the
+// max so far, l[g] the sum of exp(score - m[g]), acc[g] the values weighed likewise. s becomes the block's
+// weights exp(score - m[g]) and acc[g] is rescaled for the new max; the caller then adds the block's values.
+inline void online_softmax_block(float* s, int64_t stride, int64_t n, int64_t group, int64_t head_dim, float* m,
+                                 float* l, float* acc) {
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = s + g * stride;
+    const float m_new = std::max(m[g], max_of(sg, n));
+    if (m_new > m[g]) {  // the first block: m[g] = -inf, alpha = 0 over an all-zero acc
+      const float alpha = std::exp(m[g] - m_new);
+      l[g] *= alpha;
+      float* a = acc + g * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
+      m[g] = m_new;
+    }
+    l[g] += exp_shifted_sum(sg, n, m_new);
+  }
+}
+
+template <typename scalar_t>
+void decode_task(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_t* q, int64_t q_head_stride,
+                 int64_t group, float scale, float* qf, float* scores, float* acc, float* m, float* l,
+                 BlockCursor& ahead, int64_t end, scalar_t* out) {
+  const int64_t head_dim = kv.head_dim, block_size = kv.block_size;
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t d = 0; d < head_dim; ++d) qf[g * head_dim + d] = static_cast<float>(q[g * q_head_stride + d]) * scale;
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0.f;
+  }
+  std::fill(acc, acc + group * head_dim, 0.f);
+  const int64_t len = kv.lens[task / kv.num_kv_heads];
+  for (int64_t j = 0; j * block_size < len; ++j) {
+    kv.prefetch_next(ahead, end);
+    const int64_t n = kv.tokens_in(task, j);
+    block_scores<scalar_t>(qf, kv.at(kv.k, task, j), kv.token_stride, n, group, head_dim, scores, block_size);
+    online_softmax_block(scores, block_size, n, group, head_dim, m, l, acc);
+    block_values<scalar_t>(scores, kv.at(kv.v, task, j), kv.token_stride, n, group, head_dim, block_size, acc);
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const float inv = 1.f / l[g];
+    for (int64_t d = 0; d < head_dim; ++d) out[g * head_dim + d] = static_cast<scalar_t>(acc[g * head_dim + d] * inv);
+  }
+}
+
+#if defined(__AVX512F__)
+// exp_nonpositive on 16 lanes: the same operations lane by lane.
+inline __m512 exp_nonpositive512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+// 16 lanes folded to 8 for the sum8 tree.
+inline __m256 fold16(__m512 a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+#if defined(__AVX512BF16__)
+inline __m512bh load32bh(const at::BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+// bf16 K, head_dim 64: s[g * 16 + t] = scale * (q_g . k_t) for t < n, with vdpbf16ps (bf16 pairs multiplied
+// exactly and summed in fp32, as the widened FMAs but pairwise) on the unscaled bf16 query.
+template <int G>
+void chunk_scores_bf16(const __m512bh (&qb)[G][2], const at::BFloat16* k, int64_t token_stride, int64_t n,
+                       float scale, float* s) {
+  const __m256 sc8 = _mm256_set1_ps(scale);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8)
+    for (int g = 0; g < G; ++g) {
+      __m512 a[8];
+      for (int j = 0; j < 8; ++j) {
+        const at::BFloat16* row = k + (t + j) * token_stride;
+        a[j] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), qb[g][0], load32bh(row)), qb[g][1], load32bh(row + 32));
+      }
+      const __m256 sums = sum8(fold16(a[0]), fold16(a[1]), fold16(a[2]), fold16(a[3]), fold16(a[4]), fold16(a[5]),
+                               fold16(a[6]), fold16(a[7]));
+      _mm256_storeu_ps(s + g * 16 + t, _mm256_mul_ps(sums, sc8));
+    }
+  for (; t < n; ++t)
+    for (int g = 0; g < G; ++g) {
+      const at::BFloat16* row = k + t * token_stride;
+      const __m512 a = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), qb[g][0], load32bh(row)), qb[g][1], load32bh(row + 32));
+      s[g * 16 + t] = _mm512_reduce_add_ps(a) * scale;
+    }
+}
+#endif
+
+// decode_task for head_dim 64 and G <= 4 query heads per KV head: the G x 64 accumulators stay in registers
+// across the whole sequence, and each 16-token chunk's softmax step is one 16-lane vector per head.
+// bf16 K goes through vdpbf16ps where the CPU has AVX512_BF16 (half the instructions of widening each row).
+template <int G, typename scalar_t>
+void decode_task64(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_t* q, int64_t q_head_stride,
+                   float scale, BlockCursor& ahead, int64_t end, scalar_t* out) {
+  constexpr int64_t D = 64, C = 16;  // C: tokens a chunk
+  constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
+  alignas(64) float qf[G * D], s[G * C];
+  __m512 acc[G][4];
+  float m[G], l[G];
+#if defined(__AVX512BF16__)
+  __m512bh qb[G][2];
+  if constexpr (kBf16)
+    for (int g = 0; g < G; ++g)
+      for (int i = 0; i < 2; ++i) qb[g][i] = load32bh(q + g * q_head_stride + 32 * i);
+#endif
+  for (int g = 0; g < G; ++g) {
+    for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(q[g * q_head_stride + d]) * scale;  // unused by vdpbf16ps
+    for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_setzero_ps();
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0.f;
+  }
+  const int64_t len = kv.lens[task / kv.num_kv_heads], token_stride = kv.token_stride;
+  for (int64_t j = 0; j * kv.block_size < len; ++j) {
+    kv.prefetch_next(ahead, end);
+    const int64_t tokens = kv.tokens_in(task, j);
+    const scalar_t *kb = kv.at(kv.k, task, j), *vb = kv.at(kv.v, task, j);
+    for (int64_t c = 0; c < tokens; c += C) {
+      const int64_t n = std::min(C, tokens - c);
+      const scalar_t *kc = kb + c * token_stride, *vc = vb + c * token_stride;
+#if defined(__AVX512BF16__)
+      if constexpr (kBf16) chunk_scores_bf16<G>(qb, kc, token_stride, n, scale, s);
+      else
+#endif
+      for (int64_t t = block_scores512(qf, kc, token_stride, n, G, D, s, C); t < n; ++t)
+        for (int g = 0; g < G; ++g) {
+          __m512 a = _mm512_mul_ps(_mm512_load_ps(qf + g * D), load16(kc + t * token_stride));
+          for (int i = 1; i < 4; ++i) a = _mm512_fmadd_ps(_mm512_load_ps(qf + g * D + 16 * i), load16(kc + t * token_stride + 16 * i), a);
+          s[g * C + t] = _mm512_reduce_add_ps(a);
+        }
+      const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
+      for (int g = 0; g < G; ++g) {
+        const __m512 sg = _mm512_mask_load_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), live, s + g * C);
+        const float m_new = std::max(m[g], _mm512_reduce_max_ps(sg));
+        // exp(m - m_new): 1 exactly while the max holds; ~1e-38 over the zero sums of the first chunk (m = -inf)
+        const __m512 alpha = exp_nonpositive512(_mm512_set1_ps(m[g] - m_new));
+        for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_mul_ps(acc[g][i], alpha);
+        l[g] *= _mm512_cvtss_f32(alpha);
+        m[g] = m_new;
+        const __m512 p = _mm512_maskz_mov_ps(live, exp_nonpositive512(_mm512_sub_ps(sg, _mm512_set1_ps(m_new))));
+        l[g] += _mm512_reduce_add_ps(p);
+        _mm512_store_ps(s + g * C, p);
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        __m512 v[4];
+        for (int i = 0; i < 4; ++i) v[i] = load16(vc + t * token_stride + 16 * i);
+        for (int g = 0; g < G; ++g) {
+          const __m512 pt = _mm512_set1_ps(s[g * C + t]);
+          for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_fmadd_ps(pt, v[i], acc[g][i]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    alignas(64) float o[D];
+    const __m512 inv = _mm512_set1_ps(1.f / l[g]);
+    for (int i = 0; i < 4; ++i) _mm512_store_ps(o + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = static_cast<scalar_t>(o[d]);
+  }
+}
+
+// Runs decode_task64<G> when it applies (AVX-512, fp32 or bf16, head_dim 64, 1-4 query heads per KV head).
+template <typename scalar_t>
+bool decode_task_fast(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_t* q, int64_t q_head_stride,
+                      int64_t group, float scale, BlockCursor& ahead, int64_t end, scalar_t* out) {
+  if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, at::BFloat16>) {
+    if (kv.head_dim != 64) return false;
+    switch (group) {
+      case 1: decode_task64<1>(kv, task, q, q_head_stride, scale, ahead, end, out); return true;
+      case 2: decode_task64<2>(kv, task, q, q_head_stride, scale, ahead, end, out); return true;
+      case 3: decode_task64<3>(kv, task, q, q_head_stride, scale, ahead, end, out); return true;
+      case 4: decode_task64<4>(kv, task, q, q_head_stride, scale, ahead, end, out); return true;
+      default: return false;
+    }
+  }
+  return false;
+}
+#else
+template <typename scalar_t>
+bool decode_task_fast(const DecodeBlocks<scalar_t>&, int64_t, const scalar_t*, int64_t, int64_t, float, BlockCursor&,
+                      int64_t, scalar_t*) {
+  return false;
+}
+#endif
+
 // query [B, H, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D] (any strides, contiguous D);
 // block_tables [B, max_blocks] int32; context_lens [B] int32 (>= 1). Returns [B, H, D].
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -406,29 +636,24 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_c
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_decode_attention", [&] {
     const scalar_t* q_ptr = query.data_ptr<scalar_t>();
-    const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
-    const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
     scalar_t* out_ptr = out.data_ptr<scalar_t>();
+    const DecodeBlocks<scalar_t> kv{k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), k_cache.stride(0),
+                                    k_cache.stride(1), k_cache.stride(2), head_dim, block_size, num_kv_heads,
+                                    max_blocks, table_ptr, len_ptr};
     at::parallel_for(0, batch * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores, acc, qf, inv_sum;  // scratch reused by the task's sequences
-      // A task prefetches its own blocks ahead of reading them, but not its first ones: those of the next
-      // task are fetched while this one runs.
-      auto prefetch_task = [&](int64_t i) {
-        const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
-        for (int64_t j = 0; j < kBlocksAhead && j * block_size < len_ptr[b]; ++j)
-          prefetch_block(k_ptr + h * k_cache.stride(2) + table_ptr[b * max_blocks + j] * k_cache.stride(0),
-                         std::min(block_size, len_ptr[b] - j * block_size), k_cache.stride(1), head_dim);
-      };
-      prefetch_task(begin);
+      // scratch for one task at a time: scaled queries, a block's scores, accumulators, running max and sum
+      std::vector<float> scratch(group * (2 * head_dim + block_size + 2));
+      float *qf = scratch.data(), *acc = qf + group * head_dim, *scores = acc + group * head_dim;
+      float *m = scores + group * block_size, *l = m + group;
+      BlockCursor ahead{begin, 0};
+      for (int64_t i = 0; i < kDecodeBlocksAhead; ++i) kv.prefetch_next(ahead, end);
       for (int64_t i = begin; i < end; ++i) {
-        if (i + 1 < end) prefetch_task(i + 1);
         const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
-        const int64_t len = len_ptr[b];
-        attend<scalar_t>(q_ptr + b * query.stride(0) + h * group * query.stride(1), 0, query.stride(1), 1, len - 1,
-                         k_ptr + h * k_cache.stride(2), v_ptr + h * v_cache.stride(2), k_cache.stride(0),
-                         k_cache.stride(1), table_ptr + b * max_blocks, block_size, group, head_dim,
-                         static_cast<float>(scale), scores, acc, qf, inv_sum,
-                         out_ptr + b * num_heads * head_dim + h * group * head_dim, 0);
+        const scalar_t* q = q_ptr + b * query.stride(0) + h * group * query.stride(1);
+        scalar_t* o = out_ptr + b * num_heads * head_dim + h * group * head_dim;
+        if (!decode_task_fast<scalar_t>(kv, i, q, query.stride(1), group, static_cast<float>(scale), ahead, end, o))
+          decode_task<scalar_t>(kv, i, q, query.stride(1), group, static_cast<float>(scale), qf, scores, acc, m, l,
+                                ahead, end, o);
       }
     });
   });

@@ -1,0 +1,89 @@
+"""Paired A/B of two versions of csrc/paged_attention.cpp's decode op at cpu_decode_attention.py's shape (64
+sequences x 192 tokens, SmolLM2's heads, 30 layers' caches in 1 GiB on huge pages): each source is built under
+its own library name and loaded in one process, and their steps are interleaved, so both see the same machine.
+`hot` maps every table into 8 blocks (K/V in cache: the op's compute alone). Not a test.
+
+  git show main:backends/native_gpu/modelplex_native_gpu/kernels/csrc/paged_attention.cpp > /tmp/main.cpp
+  flock /tmp/bench.lock .venv/bin/python benchmarks/cpu_decode_attention_ab.py fp32 2 15 \\
+      main=/tmp/main.cpp attn=backends/native_gpu/modelplex_native_gpu/kernels/csrc/paged_attention.cpp [hot]
+
+Prints per version the median and best ms per step and K/V GB/s, and the median of the paired ratios.
+"""
+import ctypes
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from torch.utils import cpp_extension
+
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16
+BATCH, CONTEXT, PROMPT_BLOCKS = 64, 192, 8
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
+
+
+def load(name: str, source: str):
+    lib = "mpx_attention_ab_" + name
+    path = os.path.join(tempfile.gettempdir(), lib + ".cpp")
+    with open(source) as f, open(path, "w") as out:
+        out.write(f.read().replace("modelplex_cpu", lib))
+    cpp_extension.load(name=lib, sources=[path], is_python_module=False, extra_cflags=CFLAGS,
+                       extra_ldflags=["-fopenmp"])
+    return getattr(torch.ops, lib)
+
+
+def make_cache(dtype, hot: bool):
+    num_blocks = (1 << 30) // (2 * LAYERS * KV_HEADS * BLOCK * HEAD_DIM * dtype.itemsize)
+    buf = torch.empty(2 * LAYERS * KV_HEADS * num_blocks * BLOCK * HEAD_DIM, dtype=dtype)
+    start, size, huge = buf.data_ptr(), buf.numel() * buf.element_size(), 2 << 20
+    first, end = -(-start // huge) * huge, (start + size) // huge * huge
+    ctypes.CDLL("libc.so.6").madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), 14)  # MADV_HUGEPAGE
+    buf.normal_()
+    kv = buf.view(2, LAYERS, KV_HEADS, num_blocks, BLOCK, HEAD_DIM).permute(0, 1, 3, 4, 2, 5)
+    tables = torch.zeros(BATCH, CONTEXT // BLOCK, dtype=torch.int32)
+    ids = iter(range(1, num_blocks))  # a prompt's blocks together, decode blocks interleaved across sequences
+    for b in range(BATCH):
+        for i in range(PROMPT_BLOCKS):
+            tables[b, i] = next(ids)
+    for i in range(PROMPT_BLOCKS, CONTEXT // BLOCK):
+        for b in range(BATCH):
+            tables[b, i] = next(ids)
+    return kv, tables % 8 + 1 if hot else tables
+
+
+def main() -> None:
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[1]]
+    threads, rounds = int(sys.argv[2]), int(sys.argv[3])
+    hot = sys.argv[-1] == "hot"
+    versions = {spec.split("=")[0]: load(*spec.split("=")) for spec in sys.argv[4:len(sys.argv) - hot]}
+    torch.set_num_threads(threads)
+    kv, tables = make_cache(dtype, hot)
+    lens = torch.full((BATCH,), CONTEXT, dtype=torch.int32)
+    q = torch.randn(BATCH, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)).to(dtype)
+
+    def step(ops):
+        for layer in range(LAYERS):
+            ops.paged_decode_attention(q, kv[0, layer], kv[1, layer], tables, lens, HEAD_DIM ** -0.5)
+
+    times = {name: [] for name in versions}
+    for ops in versions.values():
+        step(ops)
+    for _ in range(rounds):
+        for name, ops in versions.items():
+            t = time.perf_counter()
+            step(ops)
+            times[name].append(time.perf_counter() - t)
+    kv_bytes = 2 * LAYERS * BATCH * CONTEXT * KV_HEADS * HEAD_DIM * dtype.itemsize
+    first = next(iter(times))
+    for name, ts in times.items():
+        med, best = statistics.median(ts), min(ts)
+        ratio = statistics.median(a / b for a, b in zip(times[first], ts))
+        print(f"{sys.argv[1]} {threads} threads{' hot' if hot else ''} {name}: median {1e3 * med:.2f} ms a step "
+              f"({kv_bytes / med / 1e9:.1f} GB/s), best {1e3 * best:.2f} ms ({kv_bytes / best / 1e9:.1f} GB/s), "
+              f"{first}/{name} paired median {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

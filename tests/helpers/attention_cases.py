@@ -1,0 +1,47 @@
+"""Paged-attention cases in the CPU runner's cache layout and the decode checks against the torch reference:
+shared by tests/native_gpu/test_cpu_attention.py and the other ISA builds it runs in child processes."""
+import torch
+
+from modelplex_native_gpu.kernels import reference
+
+BLOCK_SIZE = 16
+# bf16: K/V widened to fp32 as read, the fp32 kernels' arithmetic, one rounding of the output to bf16. Bound
+# against float64 attention over the same bf16 inputs: half a bf16 ulp (rtol 2^-8 covers it) plus fp32 noise.
+BF16_RTOL, BF16_ATOL = 2 ** -8, 1e-5
+# SmolLM2-135M's 3 query heads per KV head (the AVX-512 passes); no GQA; a head size not a multiple of 8
+# (the scalar path); one not a multiple of 32 (the 8-float tail); Llama-3's 4 query heads per KV head
+DECODE_SHAPES = [(9, 3, 64), (4, 4, 32), (8, 2, 24), (6, 1, 80), (8, 2, 64)]
+# 1: a single token; 16/17: at and across a block boundary; 100 and 203: many blocks, a partial tail
+DECODE_LENS = [1, 16, 17, 100, 203]
+
+
+def make_case(batch, num_heads, num_kv_heads, head_dim, context_lens, dtype=torch.float32, num_blocks=64, seed=0):
+    """Caches in the CPU runner's head-major layout, shuffled disjoint block tables padded with the null block."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (num_kv_heads, num_blocks, BLOCK_SIZE, head_dim)
+    k_cache, v_cache = (torch.randn(shape, generator=g).to(dtype).permute(1, 2, 0, 3) for _ in range(2))
+    max_blocks = max(-(-n // BLOCK_SIZE) for n in context_lens) + 1  # one padded column
+    ids = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    tables = []
+    for n in context_lens:
+        k = -(-n // BLOCK_SIZE)
+        tables.append([ids.pop() for _ in range(k)] + [0] * (max_blocks - k))
+    query = torch.randn(batch, num_heads, head_dim, generator=g).to(dtype)
+    return query, k_cache, v_cache, torch.tensor(tables, dtype=torch.int32), torch.tensor(context_lens, dtype=torch.int32)
+
+
+def float64_case(case):
+    return [t.double() if t.is_floating_point() else t for t in case]
+
+
+def check_decode(ops, num_heads, num_kv_heads, head_dim):
+    """ops.paged_decode_attention against the reference: fp32 within 1e-5, bf16 within a rounding of float64."""
+    case = make_case(len(DECODE_LENS), num_heads, num_kv_heads, head_dim, DECODE_LENS)
+    scale = head_dim ** -0.5
+    got = ops.paged_decode_attention(*case, scale)
+    torch.testing.assert_close(got, reference.paged_decode_attention(*case, scale), rtol=1e-5, atol=1e-5)
+    case = make_case(len(DECODE_LENS), num_heads, num_kv_heads, head_dim, DECODE_LENS, dtype=torch.bfloat16)
+    got = ops.paged_decode_attention(*case, scale)
+    assert got.dtype == torch.bfloat16
+    want = reference.paged_decode_attention(*float64_case(case), scale)
+    torch.testing.assert_close(got.double(), want, rtol=BF16_RTOL, atol=BF16_ATOL)
