@@ -21,26 +21,33 @@ LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16
 BATCH, CONTEXT, PROMPT_BLOCKS = 64, 192, 8
 
 
-def main() -> None:
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[1]]
-    torch.set_num_threads(2)
-    ops = cpu.compiled_ops()
+def make_cache(dtype: torch.dtype, huge: bool, hot: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """30 layers' K/V caches in 1 GiB ([2, layers, blocks, block, KV heads, D], head-major underneath) and the
+    64 block tables; `hot` maps every table into 8 blocks (K/V stay in cache: the op's compute alone)."""
     num_blocks = (1 << 30) // (2 * LAYERS * KV_HEADS * BLOCK * HEAD_DIM * dtype.itemsize)
     buf = torch.empty(2 * LAYERS * KV_HEADS * num_blocks * BLOCK * HEAD_DIM, dtype=dtype)
-    if sys.argv[2] == "huge":
-        start, size, huge = buf.data_ptr(), buf.numel() * buf.element_size(), 2 << 20
-        first, end = -(-start // huge) * huge, (start + size) // huge * huge
-        ctypes.CDLL("libc.so.6").madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), 14)
+    if huge:
+        start, size, page = buf.data_ptr(), buf.numel() * buf.element_size(), 2 << 20
+        first, end = -(-start // page) * page, (start + size) // page * page
+        ctypes.CDLL("libc.so.6").madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), 14)  # MADV_HUGEPAGE
     buf.normal_()
     kv = buf.view(2, LAYERS, KV_HEADS, num_blocks, BLOCK, HEAD_DIM).permute(0, 1, 3, 4, 2, 5)
     tables = torch.zeros(BATCH, CONTEXT // BLOCK, dtype=torch.int32)
-    ids = iter(range(1, num_blocks))
+    ids = iter(range(1, num_blocks))  # a prompt's blocks together, decode blocks interleaved across sequences
     for b in range(BATCH):
         for i in range(PROMPT_BLOCKS):
             tables[b, i] = next(ids)
     for i in range(PROMPT_BLOCKS, CONTEXT // BLOCK):
         for b in range(BATCH):
             tables[b, i] = next(ids)
+    return kv, tables % 8 + 1 if hot else tables
+
+
+def main() -> None:
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[1]]
+    torch.set_num_threads(2)
+    ops = cpu.compiled_ops()
+    kv, tables = make_cache(dtype, sys.argv[2] == "huge")
     lens = torch.full((BATCH,), CONTEXT, dtype=torch.int32)
     q = torch.randn(BATCH, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)).to(dtype)
 

@@ -9,7 +9,6 @@ its own library name and loaded in one process, and their steps are interleaved,
 
 Prints per version the median and best ms per step and K/V GB/s, and the median of the paired ratios.
 """
-import ctypes
 import os
 import statistics
 import sys
@@ -17,10 +16,9 @@ import tempfile
 import time
 
 import torch
+from cpu_decode_attention import BATCH, CONTEXT, HEAD_DIM, HEADS, KV_HEADS, LAYERS, make_cache
 from torch.utils import cpp_extension
 
-LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16
-BATCH, CONTEXT, PROMPT_BLOCKS = 64, 192, 8
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 
 
@@ -34,32 +32,13 @@ def load(name: str, source: str):
     return getattr(torch.ops, lib)
 
 
-def make_cache(dtype, hot: bool):
-    num_blocks = (1 << 30) // (2 * LAYERS * KV_HEADS * BLOCK * HEAD_DIM * dtype.itemsize)
-    buf = torch.empty(2 * LAYERS * KV_HEADS * num_blocks * BLOCK * HEAD_DIM, dtype=dtype)
-    start, size, huge = buf.data_ptr(), buf.numel() * buf.element_size(), 2 << 20
-    first, end = -(-start // huge) * huge, (start + size) // huge * huge
-    ctypes.CDLL("libc.so.6").madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), 14)  # MADV_HUGEPAGE
-    buf.normal_()
-    kv = buf.view(2, LAYERS, KV_HEADS, num_blocks, BLOCK, HEAD_DIM).permute(0, 1, 3, 4, 2, 5)
-    tables = torch.zeros(BATCH, CONTEXT // BLOCK, dtype=torch.int32)
-    ids = iter(range(1, num_blocks))  # a prompt's blocks together, decode blocks interleaved across sequences
-    for b in range(BATCH):
-        for i in range(PROMPT_BLOCKS):
-            tables[b, i] = next(ids)
-    for i in range(PROMPT_BLOCKS, CONTEXT // BLOCK):
-        for b in range(BATCH):
-            tables[b, i] = next(ids)
-    return kv, tables % 8 + 1 if hot else tables
-
-
 def main() -> None:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[1]]
     threads, rounds = int(sys.argv[2]), int(sys.argv[3])
     hot = sys.argv[-1] == "hot"
     versions = {spec.split("=")[0]: load(*spec.split("=")) for spec in sys.argv[4:len(sys.argv) - hot]}
     torch.set_num_threads(threads)
-    kv, tables = make_cache(dtype, hot)
+    kv, tables = make_cache(dtype, huge=True, hot=hot)
     lens = torch.full((BATCH,), CONTEXT, dtype=torch.int32)
     q = torch.randn(BATCH, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0)).to(dtype)
 
