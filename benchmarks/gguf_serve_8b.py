@@ -117,11 +117,21 @@ def serve(repo: Path, args) -> dict:
         log = server.log()
     itl_sum = metric(text, "vllm:inter_token_latency_seconds_sum")
     itl_count = metric(text, "vllm:inter_token_latency_seconds_count")
-    dtype = re.findall(r"dtype (\w+) \((.*)\)$", log, re.M)[-1]
+    logged = re.findall(r"dtype (\w+) \((.*)\)$", log, re.M)
+    dtype = logged[-1] if logged else rule_dtype()
     block_bytes = 16 * kv_per_token * (4 if dtype[0] == "float32" else 2)  # 16-token blocks
     return {"load_s": load_s, "request_wall_s": walls, "decode_tok_s": itl_count / itl_sum,
             "kv_cache_bytes": kv_cache_bytes(text, block_bytes), "peak_rss_bytes": peaks,
             "rss_after_load_bytes": rss_loaded, "dtype_log": dtype}
+
+
+def rule_dtype() -> tuple[str, str]:
+    """The dtype the engine picks for this repository (no `dtype` parameter, weights kept quantized on the CPU)
+    when the server's log lacks the engine's "dtype ..." line: an engine in its own process logs warnings only."""
+    from modelplex_native_gpu.dtype_rule import choose_dtype
+
+    choice = choose_dtype(None, "cpu", keeps_quantized=True)
+    return choice.dtype, f"{choice.reason}; not in the server's log, from dtype_rule.choose_dtype"
 
 
 def llama_bench(binary: str, path: Path, args) -> dict | None:
