@@ -28,7 +28,7 @@ def load(name: str, source: str):
     with open(source) as f, open(path, "w") as out:
         out.write(f.read().replace("modelplex_cpu", lib))
     cpp_extension.load(name=lib, sources=[path], is_python_module=False, extra_cflags=CFLAGS,
-                       extra_ldflags=["-fopenmp"])
+                       extra_ldflags=["-fopenmp"], extra_include_paths=[os.path.dirname(os.path.abspath(source))])
     return getattr(torch.ops, lib)
 
 
