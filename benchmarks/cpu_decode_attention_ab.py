@@ -20,6 +20,9 @@ from cpu_decode_attention import BATCH, CONTEXT, HEAD_DIM, HEADS, KV_HEADS, LAYE
 from torch.utils import cpp_extension
 
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
+# headers (prefill_tiles.h) beside the source, else this checkout's (a source saved from git show to /tmp)
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "backends", "native_gpu", "modelplex_native_gpu",
+                    "kernels", "csrc")
 
 
 def load(name: str, source: str):
@@ -28,7 +31,7 @@ def load(name: str, source: str):
     with open(source) as f, open(path, "w") as out:
         out.write(f.read().replace("modelplex_cpu", lib))
     cpp_extension.load(name=lib, sources=[path], is_python_module=False, extra_cflags=CFLAGS,
-                       extra_ldflags=["-fopenmp"])
+                       extra_ldflags=["-fopenmp"], extra_include_paths=[os.path.dirname(os.path.abspath(source)), CSRC])
     return getattr(torch.ops, lib)
 
 

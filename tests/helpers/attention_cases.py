@@ -1,5 +1,5 @@
-"""Paged-attention cases in the CPU runner's cache layout and the decode checks against the torch reference:
-shared by tests/native_gpu/test_cpu_attention.py and the other ISA builds it runs in child processes."""
+"""Paged-attention cases in the CPU runner's cache layout and the decode and prefill checks against the torch
+reference: shared by tests/native_gpu/test_cpu_attention.py and the other ISA builds it runs in child processes."""
 import torch
 
 from modelplex_native_gpu.kernels import reference
@@ -44,4 +44,34 @@ def check_decode(ops, num_heads, num_kv_heads, head_dim):
     got = ops.paged_decode_attention(*case, scale)
     assert got.dtype == torch.bfloat16
     want = reference.paged_decode_attention(*float64_case(case), scale)
+    torch.testing.assert_close(got.double(), want, rtol=BF16_RTOL, atol=BF16_ATOL)
+
+
+def make_prefill_case(chunks, num_heads, num_kv_heads, head_dim, num_blocks=64, seed=1):
+    """`chunks`: (query tokens, context length) per sequence; a chunk is the last tokens of its context."""
+    query, k_cache, v_cache, tables, lens = make_case(1, num_heads, num_kv_heads, head_dim, [c for _, c in chunks],
+                                                      num_blocks=num_blocks, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    cu = torch.tensor([0] + torch.tensor([q for q, _ in chunks]).cumsum(0).tolist(), dtype=torch.int32)
+    query = torch.randn(int(cu[-1]), num_heads, head_dim, generator=g)
+    return query, k_cache, v_cache, tables, cu, lens
+
+
+# Whole prompts (37, 16 at a block's end), chunks after a cached prefix (13 of 33, 24 crossing a block
+# boundary), one token after a long prefix, and chunks longer than one task (8 or 16 query tokens).
+PREFILL_CHUNKS = [(37, 37), (16, 16), (13, 33), (24, 40), (1, 101), (70, 90)]
+# SmolLM2's; no GQA; head sizes not a multiple of 16 (24: of 8 either) and above 64 (80); Llama-3's group of 4
+PREFILL_SHAPES = [(9, 3, 64), (4, 4, 32), (8, 2, 24), (6, 1, 80), (8, 2, 64)]
+
+
+def check_prefill(ops, num_heads, num_kv_heads, head_dim):
+    """ops.prefill_attention against the reference: fp32 within 1e-5, bf16 within a rounding of float64."""
+    case = make_prefill_case(PREFILL_CHUNKS, num_heads, num_kv_heads, head_dim)
+    scale = head_dim ** -0.5
+    got = ops.prefill_attention(*case, scale)
+    torch.testing.assert_close(got, reference.prefix_prefill_attention(*case, scale), rtol=1e-5, atol=1e-5)
+    case = [case[0].bfloat16(), case[1].bfloat16(), case[2].bfloat16(), *case[3:]]
+    got = ops.prefill_attention(*case, scale)
+    assert got.dtype == torch.bfloat16
+    want = reference.prefix_prefill_attention(*float64_case(case), scale)
     torch.testing.assert_close(got.double(), want, rtol=BF16_RTOL, atol=BF16_ATOL)

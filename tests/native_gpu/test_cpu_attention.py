@@ -7,13 +7,14 @@ import sys
 import pytest
 import torch
 from helpers.attention_cases import (
-    BF16_ATOL,
-    BF16_RTOL,
     BLOCK_SIZE,
     DECODE_SHAPES,
+    PREFILL_CHUNKS,
+    PREFILL_SHAPES,
     check_decode,
-    float64_case,
+    check_prefill,
     make_case,
+    make_prefill_case,
 )
 
 from modelplex_native_gpu.kernels import cpu, reference
@@ -31,16 +32,18 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim):
     check_decode(cpu.compiled_ops(), num_heads, num_kv_heads, head_dim)
 
 
-# The AVX2 and portable builds of the op, alone in a child process (the op names would clash with the ones
-# loaded here); the native build runs the same checks in the tests above.
+# The AVX2 and portable builds of the ops (decode and prefill), alone in a child process (the op names would
+# clash with the ones loaded here); the native build runs the same checks in the tests above.
 OTHER_BUILD = """
 import sys, torch
 from torch.utils import cpp_extension
-from helpers.attention_cases import DECODE_SHAPES, check_decode
+from helpers.attention_cases import DECODE_SHAPES, PREFILL_SHAPES, check_decode, check_prefill
 cpp_extension.load(name="modelplex_attention_" + sys.argv[1], sources=[sys.argv[2]], is_python_module=False,
                    extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"] + sys.argv[3:])
 for shape in DECODE_SHAPES:
     check_decode(torch.ops.modelplex_cpu, *shape)
+for shape in PREFILL_SHAPES:
+    check_prefill(torch.ops.modelplex_cpu, *shape)
 print("ok")
 """
 
@@ -81,40 +84,31 @@ def test_a_block_id_outside_the_cache_is_refused():
         cpu.paged_decode_attention(query, k_cache, v_cache, tables, lens, 0.2)
 
 
-def make_prefill_case(chunks, num_heads, num_kv_heads, head_dim, num_blocks=64, seed=1):
-    """`chunks`: (query tokens, context length) per sequence; a chunk is the last tokens of its context."""
-    query, k_cache, v_cache, tables, lens = make_case(1, num_heads, num_kv_heads, head_dim, [c for _, c in chunks],
-                                                      num_blocks=num_blocks, seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    cu = torch.tensor([0] + torch.tensor([q for q, _ in chunks]).cumsum(0).tolist(), dtype=torch.int32)
-    query = torch.randn(int(cu[-1]), num_heads, head_dim, generator=g)
-    return query, k_cache, v_cache, tables, cu, lens
-
-
-# Whole prompts (37, 16 at a block's end), chunks after a cached prefix (13 of 33, 24 crossing a block
-# boundary), one token after a long prefix, and a chunk longer than one 8-token task.
-PREFILL_CHUNKS = [(37, 37), (16, 16), (13, 33), (24, 40), (1, 101), (70, 90)]
-
-
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 2, 24), (6, 1, 80)])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", PREFILL_SHAPES)
 def test_prefill_matches_reference(num_heads, num_kv_heads, head_dim):
+    """fp32 within 1e-5 of the torch reference, bf16 within a rounding of float64; what the layer calls (kernels.cpu)
+    is the op at both dtypes."""
+    ops = cpu.compiled_ops()
+    check_prefill(ops, num_heads, num_kv_heads, head_dim)
     case = make_prefill_case(PREFILL_CHUNKS, num_heads, num_kv_heads, head_dim)
     scale = head_dim ** -0.5
-    got = cpu.compiled_ops().prefill_attention(*case, scale)
-    want = reference.prefix_prefill_attention(*case, scale)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert torch.equal(cpu.prefix_prefill_attention(*case, scale), got)  # what the layer calls in fp32
+    assert torch.equal(cpu.prefix_prefill_attention(*case, scale), ops.prefill_attention(*case, scale))
+    case = [case[0].bfloat16(), case[1].bfloat16(), case[2].bfloat16(), *case[3:]]
+    assert torch.equal(cpu.prefix_prefill_attention(*case, scale), ops.prefill_attention(*case, scale))
 
 
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (8, 2, 24)])
-def test_bfloat16_prefill_is_within_a_rounding_of_float64(num_heads, num_kv_heads, head_dim):
-    query, *rest = make_prefill_case(PREFILL_CHUNKS, num_heads, num_kv_heads, head_dim)
-    case = [query.bfloat16(), rest[0].bfloat16(), rest[1].bfloat16(), *rest[2:]]
-    scale = head_dim ** -0.5
-    got = cpu.compiled_ops().prefill_attention(*case, scale)
-    want = reference.prefix_prefill_attention(*float64_case(case), scale)
-    torch.testing.assert_close(got.double(), want, rtol=BF16_RTOL, atol=BF16_ATOL)
-    assert torch.equal(cpu.prefix_prefill_attention(*case, scale), got)  # what the layer calls at bf16 too
+def test_prefill_rows_do_not_depend_on_the_batch():
+    """A chunk's rows come out the same alone or beside other sequences (tasks are claimed in any order)."""
+    ops = cpu.compiled_ops()
+    query, k_cache, v_cache, tables, cu, lens = make_prefill_case(PREFILL_CHUNKS, 9, 3, 64)
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = query.to(dtype), k_cache.to(dtype), v_cache.to(dtype)
+        together = ops.prefill_attention(q, k, v, tables, cu, lens, 0.125)
+        for s in range(len(lens)):
+            rows = slice(int(cu[s]), int(cu[s + 1]))
+            alone = ops.prefill_attention(q[rows], k, v, tables[s:s + 1], torch.tensor([0, rows.stop - rows.start],
+                                          dtype=torch.int32), lens[s:s + 1], 0.125)
+            assert torch.equal(alone, together[rows])
 
 
 def test_prefill_reads_no_padding_other_blocks_or_later_slots():

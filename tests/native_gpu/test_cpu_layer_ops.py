@@ -101,7 +101,39 @@ def test_bf16_silu_and_mul_is_torchs_bf16_swiglu_within_its_roundings(ops, token
     torch.testing.assert_close(got.double(), exact, rtol=2 * BF16_ROUNDING, atol=1e-30)
     assert (got == want).double().mean() > 0.999
     with pytest.raises(RuntimeError, match="gate_up"):
-        ops.silu_and_mul(gate_up.float())
+        ops.silu_and_mul(gate_up.half())
+
+
+# An fp32 rounding is off by at most 2^-24 of itself; an ulp is 2^-23 relative (within a factor 2).
+FP32_ULP = 2 ** -23
+UNDER = 3e-37  # |silu(gate)| where exp(-gate) overflows fp32 (gate < -88.72)
+
+
+@pytest.mark.parametrize("tokens,intermediate", [(1, 1536), (37, 1536), (3, 100)])
+def test_fp32_silu_and_mul_is_within_3_ulps_of_float64(ops, tokens, intermediate):
+    """fp32 silu(gate) * up with the op's vector exp (1.26 ulps at worst, checked on every float) and three
+    roundings (1 + exp, the division, the product): within 3 ulps of float64 on the same inputs, and as close to
+    torch's fp32 SwiGLU. 100: the masked tail. Large |gate|: exp's range (below -88.7, exp(-gate) overflows and
+    silu(gate) is -0 where it is -2.5e-37 or less, in torch's formula too: UNDER covers it)."""
+    g = torch.Generator().manual_seed(tokens)
+    gate_up = torch.randn(tokens, 2 * intermediate, generator=g) * 8
+    gate_up[0, :6] = torch.tensor([-100.0, 100.0, -88.5, 0.0, -104.5, 89.5])
+    gate, up = gate_up.split(intermediate, dim=-1)
+    got = ops.silu_and_mul(gate_up)
+    exact = F.silu(gate.double()) * up.double()
+    assert got.dtype == torch.float32 and got.shape == (tokens, intermediate)
+    assert ((got.double() - exact).abs() <= 3 * FP32_ULP * exact.abs() + UNDER * up.abs()).all()
+    torch.testing.assert_close(got, F.silu(gate).mul_(up), rtol=4 * FP32_ULP, atol=1e-43)
+
+
+def test_fp32_silu_and_mul_over_the_exp_range(ops):
+    """A dense sweep of gate over [-110, 95] (exp(-gate) from overflow to underflow), up = 1: within 3 ulps of
+    float64 everywhere but where exp(-gate) overflows."""
+    gate = torch.linspace(-110, 95, 1 << 20)
+    got = ops.silu_and_mul(torch.cat((gate, torch.ones_like(gate))).view(1, -1))
+    exact = F.silu(gate.double())
+    assert ((got[0].double() - exact).abs() <= 3 * FP32_ULP * exact.abs() + UNDER).all()
+    assert (got[0][gate > -88.7] != 0).all()  # no early underflow
 
 
 def test_bad_shapes_are_refused(ops):

@@ -18,13 +18,13 @@ def test_quantized_ops_match_gguf_and_float64(ops):
 
 
 def test_fused_silu_mlp_equals_its_parts(ops):
-    """quant_silu_mlp is down(silu(gate) * up) on the fused gate/up, bit for bit the unfused ops."""
+    """quant_silu_mlp is down(silu(gate) * up) on the fused gate/up, bit for bit the unfused ops (the silu the
+    fp32 layer calls, ops.silu_and_mul)."""
     gate_up = torch.from_numpy(make_weight("Q8_0", 2 * 96, 64, seed=1))
     down = torch.from_numpy(make_weight("Q4_0", 64, 96, seed=2))
     for m in (1, 3):
         x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m))
-        gate, up = ops.quant_linear(x, gate_up, 8, None).split(96, dim=1)
-        want = ops.quant_linear(torch.nn.functional.silu(gate) * up, down, 2, None)
+        want = ops.quant_linear(ops.silu_and_mul(ops.quant_linear(x, gate_up, 8, None)), down, 2, None)
         assert torch.equal(ops.quant_silu_mlp(x, gate_up, 8, down, 2), want)
     with pytest.raises(RuntimeError, match="even number of rows"):
         ops.quant_silu_mlp(x, torch.from_numpy(make_weight("Q8_0", 3, 64, seed=3)), 8, down, 2)

@@ -88,7 +88,7 @@ class LlamaMLP(_CountsSwaps):
         self.is_silu = cfg.hidden_act == "silu"
 
     def forward(self, x: torch.Tensor, ops=None) -> torch.Tensor:
-        """With `ops` (the compiled CPU ops), bf16 SwiGLU's silu(gate) * up is one fused call."""
+        """With `ops` (the compiled CPU ops), SwiGLU's silu(gate) * up is one fused call (fp32 and bf16)."""
         gate_up, down = self.gate_up_proj, self.down_proj
         # quantized SwiGLU (not wrapped by LoRA, which replaces the Linear modules): one compiled call
         if self.is_silu and type(gate_up) is Linear and gate_up.quantized is not None and type(down) is Linear \
@@ -97,7 +97,7 @@ class LlamaMLP(_CountsSwaps):
             if y is not None:
                 return y
         y = gate_up.forward(x)
-        if ops is not None and self.is_silu and y.dtype == torch.bfloat16:
+        if ops is not None and self.is_silu and y.dtype in (torch.float32, torch.bfloat16):
             return down.forward(ops.silu_and_mul(y))
         gate, up = y.split(self.intermediate_size, dim=-1)
         return down.forward(self.act(gate).mul_(up))

@@ -17,6 +17,7 @@
 
 #include "quant_gemm.h"
 #include "quant_repack.h"
+#include "swiglu.h"
 
 #include <atomic>
 #include <cstring>
@@ -168,6 +169,7 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
     at::Tensor& xn = normed[part];
     float* xn_ptr = xn.data_ptr<float>();
     Activations a;
+    std::vector<float> act(M * inter);
     for (int64_t i = 0; i < L; ++i) {
       guarded([&] {
         std::memcpy(xn_ptr, y.data_ptr<float>(), M * H * sizeof(float));  // the first layer adds zeros
@@ -207,8 +209,8 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
       });
       barrier.wait();
       guarded([&] {
-        const at::Tensor act = at::silu(h.narrow(1, 0, inter)).mul_(h.narrow(1, inter, inter));
-        linear_part(down[i], types[4 * i + 3], act.data_ptr<float>(), M, inter, a, y.data_ptr<float>(), part, parts);
+        modelplex_swiglu::silu_and_mul_f32(h.data_ptr<float>(), act.data(), M, inter);
+        linear_part(down[i], types[4 * i + 3], act.data(), M, inter, a, y.data_ptr<float>(), part, parts);
       });
       barrier.wait();
     }

@@ -4,12 +4,14 @@
 // Built with -ffp-contract=off: the rotation rounds each product and sum exactly as torch's ops do.
 // fp32 and bf16; bf16 rounds where the torch ops it replaces (layers/norm.py, layers/rotary.py) round:
 // the norm's statistics in fp32, x * rsqrt(...) rounded to bf16 before the weight multiplies it; each
-// product and sum of the rotation rounded to bf16; the residual add rounded once. bf16 only: SwiGLU's
-// silu(gate) * up in one pass over the gate_up projection's rows.
+// product and sum of the rotation rounded to bf16; the residual add rounded once. SwiGLU's silu(gate) * up in
+// one pass over the gate_up projection's rows (fp32 and bf16).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "swiglu.h"
 
 #include <cmath>
 #include <cstdint>
@@ -206,24 +208,13 @@ void rotary_embedding(at::Tensor qk, const at::Tensor& cos, const at::Tensor& si
 
 // SwiGLU on bf16 rows [tokens, 2n] (gate, then up, as gate_up_proj writes them) -> [tokens, n]:
 // round_bf16(round_bf16(g / (1 + exp(-g))) * u), where F.silu(gate).mul_(up) rounds. torch's exp is
-// Sleef's (1 ulp), ours below a degree-6 polynomial (~2 ulps): the bf16 results can differ only where the
-// fp32 silu sits within those ulps of a bf16 rounding boundary (fp32 keeps torch's ops for its parity).
+// Sleef's (1 ulp), ours below a degree-6 polynomial (2 ulps): the bf16 results can differ only where the
+// fp32 silu sits within those ulps of a bf16 rounding boundary.
 inline float silu_mul_scalar(float g, float u) {
   return round_bf16(round_bf16(g / (1.f + std::exp(-g))) * u);
 }
 
 #ifdef __AVX512F__
-// exp(x) = 2^k * exp(r), k = round(x / ln 2), |r| <= ln 2 / 2; scalef gives inf / 0 past the float range.
-inline __m512 exp_ps(__m512 x) {
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145752f), x);  // ln 2 in two parts: r exact
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, k);
-}
-
 inline __m512 load_bf16(const at::BFloat16* x) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
@@ -243,10 +234,14 @@ inline void store_bf16(at::BFloat16* out, __m512 x) {  // x already rounded: its
 #endif
 
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16 && gate_up.dim() == 2 && gate_up.is_contiguous() &&
-              gate_up.size(1) % 2 == 0, "gate_up: expected contiguous bf16 [tokens, 2 * intermediate]");
+  TORCH_CHECK(is_float_or_bf16(gate_up) && gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "gate_up: expected contiguous fp32 or bf16 [tokens, 2 * intermediate]");
   const int64_t tokens = gate_up.size(0), n = gate_up.size(1) / 2;
   auto out = at::empty({tokens, n}, gate_up.options());
+  if (gate_up.scalar_type() == at::kFloat) {
+    modelplex_swiglu::silu_and_mul_f32(gate_up.data_ptr<float>(), out.data_ptr<float>(), tokens, n);
+    return out;
+  }
   const at::BFloat16* in = gate_up.data_ptr<at::BFloat16>();
   at::BFloat16* o = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
@@ -258,7 +253,7 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
       const __m512 one = _mm512_set1_ps(1.f);
       for (; i + 16 <= n; i += 16) {
         const __m512 gv = load_bf16(g + i);
-        const __m512 silu = round_bf16_ps(_mm512_div_ps(gv, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv)))));
+        const __m512 silu = round_bf16_ps(_mm512_div_ps(gv, _mm512_add_ps(one, modelplex_swiglu::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv)))));
         store_bf16(row + i, round_bf16_ps(_mm512_mul_ps(silu, load_bf16(u + i))));
       }
 #endif

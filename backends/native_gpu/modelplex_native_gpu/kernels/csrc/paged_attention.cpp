@@ -1,6 +1,7 @@
 // Paged attention for the CPU path, K/V read in place from the block-paged cache (no gather copy):
 // decode (one query token per sequence, one (sequence, KV head) pair per task on torch's intra-op pool)
-// and prefill (a chunk's query tokens, eight per task, causal over the cached prefix and the chunk).
+// and prefill (a chunk's query tokens, causal over the cached prefix and the chunk: 16 query tokens a task in
+// prefill_tiles.h's register tiles on AVX-512, else eight a task in `attend` below).
 // Registered as torch.ops.modelplex_cpu.paged_decode_attention and .prefill_attention; see kernels/cpu.py.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -17,6 +19,8 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+
+#include "prefill_tiles.h"
 
 namespace {
 
@@ -662,6 +666,16 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_c
 
 constexpr int64_t kPrefillTileTokens = 8;
 
+// Whether prefill_tiles.h's register-tiled kernel runs this case (AVX-512; bf16 with AVX512_BF16).
+template <typename scalar_t>
+bool prefill_tiled(int64_t group, int64_t head_dim) {
+#if defined(__AVX512F__)
+  return prefill_tiles::supported<scalar_t>() && head_dim % 16 == 0 && group <= prefill_tiles::kMaxGroup;
+#else
+  return false;
+#endif
+}
+
 // query [T, H, D]: sequence s's chunk at rows cu_seqlens_q[s]:cu_seqlens_q[s+1], its last row at position
 // context_lens[s] - 1; K/V as for decode, the chunk's included. Returns [T, H, D].
 at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -684,6 +698,14 @@ at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
   TORCH_CHECK(cu.numel() == num_seqs + 1 && tables.size(0) == num_seqs, "one table and length per sequence");
   const int32_t *table_ptr = tables.data_ptr<int32_t>(), *cu_ptr = cu.data_ptr<int32_t>(), *len_ptr = lens.data_ptr<int32_t>();
   TORCH_CHECK(cu_ptr[0] == 0 && cu_ptr[num_seqs] == query.size(0), "cu_seqlens_q must cover the query rows");
+  bool tiled = false;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "prefill_tiled",
+                                  [&] { tiled = prefill_tiled<scalar_t>(group, head_dim); });
+#if defined(__AVX512F__)
+  const int64_t tile_tokens = tiled ? prefill_tiles::kTileTokens : kPrefillTileTokens;
+#else
+  const int64_t tile_tokens = kPrefillTileTokens;
+#endif
   // Tasks: (sequence, KV head, tile of query tokens), checked here (an exception must not leave the
   // parallel region).
   std::vector<std::array<int64_t, 5>> tasks;  // cost, sequence, head, first row, rows
@@ -695,33 +717,48 @@ at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
       TORCH_CHECK(id >= 0 && id < num_cache_blocks, "block id out of range");
     }
     for (int64_t h = 0; h < num_kv_heads; ++h)
-      for (int64_t j = 0; j < q_len; j += kPrefillTileTokens) {
-        const int64_t rows = std::min(kPrefillTileTokens, q_len - j);
-        tasks.push_back({ctx - q_len + j + rows, s, h, j, rows});
+      for (int64_t j = 0; j < q_len; j += tile_tokens) {
+        const int64_t rows = std::min(tile_tokens, q_len - j);
+        tasks.push_back({rows * (ctx - q_len + j + rows), s, h, j, rows});
       }
   }
-  // Costliest first, then alternately to the front and back half: torch's pool gives each thread a
-  // contiguous range, and causal tiles cost more the later they sit.
+  // Costliest first, each thread taking the next task when it is done with one (causal tiles cost more the
+  // later they sit; a static split left one thread idle while the other finished).
   std::sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) { return a[0] > b[0]; });
-  std::vector<std::array<int64_t, 5>> order(tasks.size());
-  for (size_t i = 0; i < tasks.size(); ++i) order[i % 2 == 0 ? i / 2 : tasks.size() - 1 - i / 2] = tasks[i];
+  std::atomic<int64_t> next{0};
+  const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   auto out = at::empty_like(query, at::MemoryFormat::Contiguous);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "prefill_attention", [&] {
     const scalar_t* q_ptr = query.data_ptr<scalar_t>();
     const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
     const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
     scalar_t* out_ptr = out.data_ptr<scalar_t>();
-    at::parallel_for(0, static_cast<int64_t>(order.size()), 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, std::min<int64_t>(num_tasks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
       std::vector<float> scores, acc, qf, inv_sum;
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t s = order[t][1], h = order[t][2], j = order[t][3], rows = order[t][4];
-        const int64_t row = cu_ptr[s] + j;
-        attend<scalar_t>(q_ptr + row * query.stride(0) + h * group * query.stride(1), query.stride(0), query.stride(1),
-                         rows, len_ptr[s] - (cu_ptr[s + 1] - cu_ptr[s]) + j, k_ptr + h * k_cache.stride(2),
+#if defined(__AVX512F__)
+      prefill_tiles::Scratch scratch;
+#endif
+      for (int64_t t = next++; t < num_tasks; t = next++) {
+        const int64_t s = tasks[t][1], h = tasks[t][2], j = tasks[t][3], rows = tasks[t][4];
+        const int64_t row = cu_ptr[s] + j, first_pos = len_ptr[s] - (cu_ptr[s + 1] - cu_ptr[s]) + j;
+        const scalar_t* q = q_ptr + row * query.stride(0) + h * group * query.stride(1);
+        scalar_t* o = out_ptr + row * num_heads * head_dim + h * group * head_dim;
+#if defined(__AVX512F__)
+        if constexpr (prefill_tiles::supported<scalar_t>()) {
+          if (tiled) {
+            prefill_tiles::attend_tile<scalar_t>(q, query.stride(0), query.stride(1), rows, first_pos,
+                                                 k_ptr + h * k_cache.stride(2), v_ptr + h * v_cache.stride(2),
+                                                 k_cache.stride(0), k_cache.stride(1), table_ptr + s * max_blocks,
+                                                 block_size, group, head_dim, static_cast<float>(scale), scratch, o,
+                                                 num_heads * head_dim);
+            continue;
+          }
+        }
+#endif
+        attend<scalar_t>(q, query.stride(0), query.stride(1), rows, first_pos, k_ptr + h * k_cache.stride(2),
                          v_ptr + h * v_cache.stride(2), k_cache.stride(0), k_cache.stride(1),
                          table_ptr + s * max_blocks, block_size, group, head_dim, static_cast<float>(scale), scores,
-                         acc, qf, inv_sum, out_ptr + row * num_heads * head_dim + h * group * head_dim,
-                         num_heads * head_dim);
+                         acc, qf, inv_sum, o, num_heads * head_dim);
       }
     });
   });

@@ -24,6 +24,7 @@
 #include <torch/library.h>
 
 #include "quant_repack.h"
+#include "swiglu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -509,13 +510,14 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, int64_t qty
 }
 
 // The SwiGLU MLP down(silu(gate(x)) * up(x)) on quantized gate_up ([2 I, K], gate rows first) and down
-// ([K', I]) weights: one call where Python made five (two linears, split, silu, mul), with torch's own silu.
+// ([K', I]) weights: one call where Python made five (two linears, split, silu, mul), with swiglu.h's silu.
 at::Tensor quant_silu_mlp(const at::Tensor& x, const at::Tensor& gate_up, int64_t gate_up_type,
                           const at::Tensor& down, int64_t down_type) {
   const at::Tensor h = quant_linear(x, gate_up, gate_up_type, std::nullopt);
   TORCH_CHECK(h.size(1) % 2 == 0, "gate_up: expected an even number of rows (gate, then up)");
   const int64_t inter = h.size(1) / 2;
-  const at::Tensor act = at::silu(h.narrow(1, 0, inter)).mul_(h.narrow(1, inter, inter));
+  at::Tensor act = at::empty({h.size(0), inter}, h.options());
+  modelplex_swiglu::silu_and_mul_f32(h.data_ptr<float>(), act.data_ptr<float>(), h.size(0), inter);
   return quant_linear(act, down, down_type, std::nullopt);
 }
 
