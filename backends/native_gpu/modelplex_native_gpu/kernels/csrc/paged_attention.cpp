@@ -511,39 +511,6 @@ void chunk_scores_bf16(const __m512bh (&qb)[G][2], const at::BFloat16* k, int64_
 }
 #endif
 
-// A token's 64 values as four float vectors. fp32: dims 0-15, 16-31, 32-47, 48-63. bf16: the even and odd dims
-// of each half (lane j: dims 2j, 2j + 1, then 32 + 2j, 33 + 2j), one shift or mask per 16 values instead of a
-// widening and a shift (a bf16 is its float's top half); store_row64 puts the dims back in order.
-inline void load_row64(const float* v, __m512 (&x)[4]) {
-  for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(v + 16 * i);
-}
-inline void load_row64(const at::BFloat16* v, __m512 (&x)[4]) {
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int i = 0; i < 2; ++i) {
-    const __m512i pairs = _mm512_loadu_si512(v + 32 * i);
-    x[2 * i] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-    x[2 * i + 1] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
-  }
-}
-
-// out[0:64] = x * inv, x in load_row64's order for scalar_t.
-template <typename scalar_t>
-void store_row64(const __m512 (&x)[4], float inv, scalar_t* out) {
-  alignas(64) float o[64];
-  const __m512 iv = _mm512_set1_ps(inv);
-  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    for (int i = 0; i < 2; ++i) {
-      _mm512_store_ps(o + 32 * i, _mm512_mul_ps(_mm512_permutex2var_ps(x[2 * i], lo, x[2 * i + 1]), iv));
-      _mm512_store_ps(o + 32 * i + 16, _mm512_mul_ps(_mm512_permutex2var_ps(x[2 * i], hi, x[2 * i + 1]), iv));
-    }
-  } else {
-    for (int i = 0; i < 4; ++i) _mm512_store_ps(o + 16 * i, _mm512_mul_ps(x[i], iv));
-  }
-  for (int d = 0; d < 64; ++d) out[d] = static_cast<scalar_t>(o[d]);
-}
-
 // decode_task for head_dim 64 and G <= 4 query heads per KV head: the G x 64 accumulators stay in registers
 // across the whole sequence, and each 16-token chunk's softmax step is one 16-lane vector per head.
 // bf16 K goes through vdpbf16ps where the CPU has AVX512_BF16 (half the instructions of widening each row).
@@ -552,11 +519,6 @@ void decode_task64(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_
                    float scale, BlockCursor& ahead, int64_t end, scalar_t* out) {
   constexpr int64_t D = 64, C = 16;  // C: tokens a chunk
   constexpr bool kBf16 = std::is_same_v<scalar_t, at::BFloat16>;
-#if defined(__AVX512BF16__)
-  constexpr bool kDotBf16 = kBf16;
-#else
-  constexpr bool kDotBf16 = false;
-#endif
   alignas(64) float qf[G * D], s[G * C];
   __m512 acc[G][4];
   float m[G], l[G];
@@ -567,8 +529,7 @@ void decode_task64(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_
       for (int i = 0; i < 2; ++i) qb[g][i] = load32bh(q + g * q_head_stride + 32 * i);
 #endif
   for (int g = 0; g < G; ++g) {
-    if constexpr (!kDotBf16)
-      for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(q[g * q_head_stride + d]) * scale;
+    for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(q[g * q_head_stride + d]) * scale;  // unused by vdpbf16ps
     for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_setzero_ps();
     m[g] = -std::numeric_limits<float>::infinity();
     l[g] = 0.f;
@@ -606,7 +567,7 @@ void decode_task64(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_
       }
       for (int64_t t = 0; t < n; ++t) {
         __m512 v[4];
-        load_row64(vc + t * token_stride, v);
+        for (int i = 0; i < 4; ++i) v[i] = load16(vc + t * token_stride + 16 * i);
         for (int g = 0; g < G; ++g) {
           const __m512 pt = _mm512_set1_ps(s[g * C + t]);
           for (int i = 0; i < 4; ++i) acc[g][i] = _mm512_fmadd_ps(pt, v[i], acc[g][i]);
@@ -614,7 +575,12 @@ void decode_task64(const DecodeBlocks<scalar_t>& kv, int64_t task, const scalar_
       }
     }
   }
-  for (int g = 0; g < G; ++g) store_row64<scalar_t>(acc[g], 1.f / l[g], out + g * D);
+  for (int g = 0; g < G; ++g) {
+    alignas(64) float o[D];
+    const __m512 inv = _mm512_set1_ps(1.f / l[g]);
+    for (int i = 0; i < 4; ++i) _mm512_store_ps(o + 16 * i, _mm512_mul_ps(acc[g][i], inv));
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = static_cast<scalar_t>(o[d]);
+  }
 }
 
 // Runs decode_task64<G> when it applies (AVX-512, fp32 or bf16, head_dim 64, 1-4 query heads per KV head).
