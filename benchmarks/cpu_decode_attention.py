@@ -21,23 +21,25 @@ LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16
 BATCH, CONTEXT, PROMPT_BLOCKS = 64, 192, 8
 
 
-def make_cache(dtype: torch.dtype, huge: bool, hot: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def make_cache(dtype: torch.dtype, huge: bool, hot: bool = False, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
     """30 layers' K/V caches in 1 GiB ([2, layers, blocks, block, KV heads, D], head-major underneath) and the
-    64 block tables; `hot` maps every table into 8 blocks (K/V stay in cache: the op's compute alone)."""
-    num_blocks = (1 << 30) // (2 * LAYERS * KV_HEADS * BLOCK * HEAD_DIM * dtype.itemsize)
-    buf = torch.empty(2 * LAYERS * KV_HEADS * num_blocks * BLOCK * HEAD_DIM, dtype=dtype)
+    64 block tables for `block`-token blocks (the prompt's PROMPT_BLOCKS * BLOCK tokens in whole blocks, the
+    rest one decode block at a time); `hot` maps every table into 8 blocks (K/V stay in cache: compute alone)."""
+    num_blocks = (1 << 30) // (2 * LAYERS * KV_HEADS * block * HEAD_DIM * dtype.itemsize)
+    buf = torch.empty(2 * LAYERS * KV_HEADS * num_blocks * block * HEAD_DIM, dtype=dtype)
     if huge:
         start, size, page = buf.data_ptr(), buf.numel() * buf.element_size(), 2 << 20
         first, end = -(-start // page) * page, (start + size) // page * page
         ctypes.CDLL("libc.so.6").madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), 14)  # MADV_HUGEPAGE
     buf.normal_()
-    kv = buf.view(2, LAYERS, KV_HEADS, num_blocks, BLOCK, HEAD_DIM).permute(0, 1, 3, 4, 2, 5)
-    tables = torch.zeros(BATCH, CONTEXT // BLOCK, dtype=torch.int32)
+    kv = buf.view(2, LAYERS, KV_HEADS, num_blocks, block, HEAD_DIM).permute(0, 1, 3, 4, 2, 5)
+    prompt_blocks, total_blocks = PROMPT_BLOCKS * BLOCK // block, -(-CONTEXT // block)
+    tables = torch.zeros(BATCH, total_blocks, dtype=torch.int32)
     ids = iter(range(1, num_blocks))  # a prompt's blocks together, decode blocks interleaved across sequences
     for b in range(BATCH):
-        for i in range(PROMPT_BLOCKS):
+        for i in range(prompt_blocks):
             tables[b, i] = next(ids)
-    for i in range(PROMPT_BLOCKS, CONTEXT // BLOCK):
+    for i in range(prompt_blocks, total_blocks):
         for b in range(BATCH):
             tables[b, i] = next(ids)
     return kv, tables % 8 + 1 if hot else tables
