@@ -117,14 +117,14 @@ class LlamaDecoderLayer(_CountsSwaps):
     def forward(self, rope, x, residual, meta, ops=None):
         """x: the output of the previous layer's MLP (the embeddings at the first layer, where
         `residual` is None); the residual stream is x + residual. -> the same pair for the next layer."""
-        if ops is not None and meta.num_decode_tokens == x.shape[0] and rope[0].shape[-1] == self.self_attn.head_dim:
-            if x.dtype == torch.float32:
+        if ops is not None and rope[0].shape[-1] == self.self_attn.head_dim:
+            if meta.num_decode_tokens == x.shape[0] and x.dtype == torch.float32:
                 weights = self.quantized_decode_weights()  # an fp32 op (csrc/decode_layer.cpp)
                 if weights is not None:
                     return self._quantized_decode(weights, rope, x, residual, meta, ops)
-            dense = self.dense_decode_weights()  # packed fp32 or bf16 (csrc/dense_decode.cpp)
+            dense = self.dense_weights()  # packed fp32 or bf16, any step (csrc/dense_layer.cpp)
             if dense is not None:
-                return self._dense_decode(dense, rope, x, residual, meta, ops)
+                return self._dense_layer(dense, rope, x, residual, meta, ops)
         if residual is None:
             x, residual = self.input_layernorm.norm(x, ops), x
         else:
@@ -140,9 +140,9 @@ class LlamaDecoderLayer(_CountsSwaps):
         (which replaces the Linear modules: the answer is kept for the modules it was computed for)."""
         return self._decode_weights_now()[1]
 
-    def dense_decode_weights(self) -> tuple | None:
-        """((packed q/k/v, o, gate/up, down), their out_features) when the layer can run as one compiled decode
-        op on weights packed for our fp32 or bf16 linears, on the terms of `quantized_decode_weights`."""
+    def dense_weights(self) -> tuple | None:
+        """((packed q/k/v, o, gate/up, down), their out_features) when the layer can run as one compiled op
+        (any step) on weights packed for our fp32 or bf16 linears, on the terms of `quantized_decode_weights`."""
         return self._decode_weights_now()[2]
 
     def _decode_weights_now(self) -> tuple:
@@ -153,7 +153,7 @@ class LlamaDecoderLayer(_CountsSwaps):
         return self._decode_weights
 
     def _find_decode_weights(self, linears) -> tuple:
-        """(quantized, dense) weights for the one-call decode ops; None where the layer cannot use one."""
+        """(quantized, dense) weights for the one-call layer ops; None where the layer cannot use one."""
         attn = self.self_attn
         if type(self) is not LlamaDecoderLayer or attn.q_norm is not None or not self.mlp.is_silu \
                 or attn.attn.attention is not attn.attn.kernels \
@@ -180,18 +180,16 @@ class LlamaDecoderLayer(_CountsSwaps):
             meta.decode_context_lens, attn.num_heads, attn.num_kv_heads, attn.attn.scale)
         return x, residual
 
-    def _dense_decode(self, weights, rope, x, residual, meta, ops):
-        """The decode path of `forward` on packed fp32 or bf16 weights in one op call (csrc/dense_decode.cpp),
-        bit for bit the same."""
+    def _dense_layer(self, weights, rope, x, residual, meta, ops):
+        """`forward` on packed fp32 or bf16 weights in one op call (csrc/dense_layer.cpp), bit for bit the same."""
         if residual is None:  # the first layer norms the embeddings, which become the residual stream
             residual, x = x, None
         (qkv, o, gate_up, down), out_features = weights
         attn = self.self_attn
-        x = ops.dense_decode_layer(
+        x = ops.dense_layer(
             x, residual, self.input_layernorm.weight, self.post_attention_layernorm.weight,
             self.input_layernorm.eps, qkv, o, gate_up, down, out_features, *rope, attn.attn.k_cache,
-            attn.attn.v_cache, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-            attn.num_heads, attn.num_kv_heads, attn.attn.scale)
+            attn.attn.v_cache, *_layout(meta), attn.num_heads, attn.num_kv_heads, attn.attn.scale)
         return x, residual
 
 
@@ -229,8 +227,9 @@ class LlamaForCausalLM(_CountsSwaps):
         # `.forward` rather than calling the modules, here and in the layers: nn.Module's call (hook
         # checks) costs a few microseconds, ~300 times a step; these modules never carry hooks.
         residual, ops = None, self.fused_ops
-        if ops is not None and len(metas) == 1 and metas[0].num_decode_tokens == x.shape[0]:
-            step = self._decode_step_weights(ropes) if x.dtype == torch.float32 else None
+        if ops is not None and len(metas) == 1:
+            decode = metas[0].num_decode_tokens == x.shape[0] and x.dtype == torch.float32
+            step = self._decode_step_weights(ropes) if decode else None
             if step is not None:
                 return self._decode_step(step, x, ropes[0], metas[0], ops)
             step = self._dense_step_weights(ropes)
@@ -247,7 +246,7 @@ class LlamaForCausalLM(_CountsSwaps):
 
     def _dense_step_weights(self, ropes) -> tuple | None:
         """Every layer's (norms, packed weights) and attention when the whole step can run as one op call
-        (csrc/dense_decode.cpp): each layer takes the one-call dense decode path, all the same shapes."""
+        (csrc/dense_layer.cpp): each layer takes the one-call dense path, all the same shapes."""
         return self._step_weights_now(ropes)[1]
 
     def _step_weights_now(self, ropes) -> tuple:
@@ -270,7 +269,7 @@ class LlamaForCausalLM(_CountsSwaps):
 
     def _gather_dense_step_weights(self) -> tuple | None:
         layers = self.layers
-        weights = [layer.dense_decode_weights() for layer in layers]
+        weights = [layer.dense_weights() for layer in layers]
         if any(w is None or w[1] != weights[0][1] for w in weights):
             return None
         if any(layer.rope_index != 0 or layer.kv_group != 0 for layer in layers):
@@ -280,13 +279,12 @@ class LlamaForCausalLM(_CountsSwaps):
                 weights[0][1], [layer.self_attn.attn for layer in layers])
 
     def _dense_step(self, step, x, rope, meta, ops):
-        """All the layers at decode in one op call: bit for bit the layers' own Python path."""
+        """All the layers in one op call: bit for bit the layers' own Python path."""
         input_norms, post_norms, eps, qkv, o, gate_up, down, out_features, attns = step
         attn = self.layers[0].self_attn
-        return ops.dense_decode_layers(x, input_norms, post_norms, eps, qkv, o, gate_up, down, out_features, *rope,
-                                       [a.k_cache for a in attns], [a.v_cache for a in attns], meta.slot_mapping,
-                                       meta.decode_block_tables, meta.decode_context_lens, attn.num_heads,
-                                       attn.num_kv_heads, attn.attn.scale)
+        return ops.dense_layers(x, input_norms, post_norms, eps, qkv, o, gate_up, down, out_features, *rope,
+                                [a.k_cache for a in attns], [a.v_cache for a in attns], *_layout(meta),
+                                attn.num_heads, attn.num_kv_heads, attn.attn.scale)
 
     def _decode_step(self, step, x, rope, meta, ops):
         """All the layers at decode in one op call: bit for bit the layers' own one-call decode path."""
@@ -343,6 +341,12 @@ class LlamaForCausalLM(_CountsSwaps):
         self.embed_tokens = QuantizedWeight.read([table])
         if self.config.tie_word_embeddings:
             self.lm_head.load([self.embed_tokens])
+
+
+def _layout(meta: AttentionMetadata) -> tuple:
+    """The step's layout as csrc/dense_layer.cpp's ops take it."""
+    return (meta.slot_mapping, meta.num_decode_tokens, meta.decode_block_tables, meta.decode_context_lens,
+            meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_context_lens)
 
 
 def _take_parts(weights: dict, hf_name: str) -> list:
