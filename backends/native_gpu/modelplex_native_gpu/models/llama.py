@@ -117,10 +117,14 @@ class LlamaDecoderLayer(_CountsSwaps):
     def forward(self, rope, x, residual, meta, ops=None):
         """x: the output of the previous layer's MLP (the embeddings at the first layer, where
         `residual` is None); the residual stream is x + residual. -> the same pair for the next layer."""
-        if ops is not None and meta.num_decode_tokens == x.shape[0] and x.dtype == torch.float32:
-            weights = self.quantized_decode_weights()  # an fp32 op (csrc/decode_layer.cpp)
-            if weights is not None and rope[0].shape[-1] == self.self_attn.head_dim:
-                return self._quantized_decode(weights, rope, x, residual, meta, ops)
+        if ops is not None and rope[0].shape[-1] == self.self_attn.head_dim:
+            if meta.num_decode_tokens == x.shape[0] and x.dtype == torch.float32:
+                weights = self.quantized_decode_weights()  # an fp32 op (csrc/decode_layer.cpp)
+                if weights is not None:
+                    return self._quantized_decode(weights, rope, x, residual, meta, ops)
+            dense = self.dense_weights()  # packed fp32 or bf16, any step (csrc/dense_layer.cpp)
+            if dense is not None:
+                return self._dense_layer(dense, rope, x, residual, meta, ops)
         if residual is None:
             x, residual = self.input_layernorm.norm(x, ops), x
         else:
@@ -134,21 +138,34 @@ class LlamaDecoderLayer(_CountsSwaps):
         """The (blocks, type) of q/k/v, o, gate/up and down when the layer can run as one compiled decode op:
         plain Llama attention and SwiGLU on single-type quantized weights without biases, not wrapped by LoRA
         (which replaces the Linear modules: the answer is kept for the modules it was computed for)."""
+        return self._decode_weights_now()[1]
+
+    def dense_weights(self) -> tuple | None:
+        """((packed q/k/v, o, gate/up, down), their out_features) when the layer can run as one compiled op
+        (any step) on weights packed for our fp32 or bf16 linears, on the terms of `quantized_decode_weights`."""
+        return self._decode_weights_now()[2]
+
+    def _decode_weights_now(self) -> tuple:
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         if self._decode_weights is None or self._decode_weights[0] != linears:  # modules compare by identity
-            self._decode_weights = (linears, self._find_decode_weights(linears))
-        return self._decode_weights[1]
+            self._decode_weights = (linears, *self._find_decode_weights(linears))
+        return self._decode_weights
 
-    def _find_decode_weights(self, linears) -> tuple | None:
+    def _find_decode_weights(self, linears) -> tuple:
+        """(quantized, dense) weights for the one-call layer ops; None where the layer cannot use one."""
         attn = self.self_attn
-        if not all(type(m) is Linear and m.quantized is not None and len(m.quantized.segments) == 1
-                   and m.bias is None for m in linears):
-            return None
         if type(self) is not LlamaDecoderLayer or attn.q_norm is not None or not self.mlp.is_silu \
-                or attn.attn.attention is not attn.attn.kernels:
-            return None
-        return tuple(x for m in linears for x in (m.quantized.segments[0].data, m.quantized.segments[0].qtype))
+                or attn.attn.attention is not attn.attn.kernels \
+                or not all(type(m) is Linear and m.bias is None for m in linears):
+            return None, None
+        if all(m.quantized is not None and len(m.quantized.segments) == 1 for m in linears):
+            return tuple(x for m in linears for x in (m.quantized.segments[0].data,
+                                                      m.quantized.segments[0].qtype)), None
+        if all(m.quantized is None and m.cpu_linear is not None for m in linears) \
+                and len({m.packed_weight.dtype for m in linears}) == 1:
+            return None, (tuple(m.packed_weight for m in linears), [m.out_features for m in linears])
+        return None, None
 
     def _quantized_decode(self, weights, rope, x, residual, meta, ops):
         """The fp32 decode path of `forward` in one op call (csrc/decode_layer.cpp), bit for bit the same."""
@@ -161,6 +178,18 @@ class LlamaDecoderLayer(_CountsSwaps):
             self.input_layernorm.eps, qkv, qkv_type, o, o_type, gate_up, gate_up_type, down, down_type, *rope,
             attn.attn.k_cache, attn.attn.v_cache, meta.slot_mapping, meta.decode_block_tables,
             meta.decode_context_lens, attn.num_heads, attn.num_kv_heads, attn.attn.scale)
+        return x, residual
+
+    def _dense_layer(self, weights, rope, x, residual, meta, ops):
+        """`forward` on packed fp32 or bf16 weights in one op call (csrc/dense_layer.cpp), bit for bit the same."""
+        if residual is None:  # the first layer norms the embeddings, which become the residual stream
+            residual, x = x, None
+        (qkv, o, gate_up, down), out_features = weights
+        attn = self.self_attn
+        x = ops.dense_layer(
+            x, residual, self.input_layernorm.weight, self.post_attention_layernorm.weight,
+            self.input_layernorm.eps, qkv, o, gate_up, down, out_features, *rope, attn.attn.k_cache,
+            attn.attn.v_cache, *_layout(meta), attn.num_heads, attn.num_kv_heads, attn.attn.scale)
         return x, residual
 
 
@@ -198,11 +227,14 @@ class LlamaForCausalLM(_CountsSwaps):
         # `.forward` rather than calling the modules, here and in the layers: nn.Module's call (hook
         # checks) costs a few microseconds, ~300 times a step; these modules never carry hooks.
         residual, ops = None, self.fused_ops
-        if ops is not None and len(metas) == 1 and metas[0].num_decode_tokens == x.shape[0] \
-                and x.dtype == torch.float32:
-            step = self._decode_step_weights(ropes)
+        if ops is not None and len(metas) == 1:
+            decode = metas[0].num_decode_tokens == x.shape[0] and x.dtype == torch.float32
+            step = self._decode_step_weights(ropes) if decode else None
             if step is not None:
                 return self._decode_step(step, x, ropes[0], metas[0], ops)
+            step = self._dense_step_weights(ropes)
+            if step is not None:
+                return self._dense_step(step, x, ropes[0], metas[0], ops)
         for layer in self.layers:
             x, residual = layer.forward(ropes[layer.rope_index], x, residual, metas[layer.kv_group], ops)
         return x + residual
@@ -210,11 +242,19 @@ class LlamaForCausalLM(_CountsSwaps):
     def _decode_step_weights(self, ropes) -> tuple | None:
         """Every layer's (norms, weights, types) and attention when the whole step can run as one op call
         (csrc/decode_step.cpp): each layer takes the one-call decode path on the 16-row group layouts."""
+        return self._step_weights_now(ropes)[0]
+
+    def _dense_step_weights(self, ropes) -> tuple | None:
+        """Every layer's (norms, packed weights) and attention when the whole step can run as one op call
+        (csrc/dense_layer.cpp): each layer takes the one-call dense path, all the same shapes."""
+        return self._step_weights_now(ropes)[1]
+
+    def _step_weights_now(self, ropes) -> tuple:
         if len(ropes) != 1 or ropes[0][0].shape[-1] != self.config.head_dim:
-            return None
+            return None, None
         if self._step_weights is None or self._step_weights[0] != _module_swaps[0]:
-            self._step_weights = (_module_swaps[0], self._gather_step_weights())
-        return self._step_weights[1]
+            self._step_weights = (_module_swaps[0], self._gather_step_weights(), self._gather_dense_step_weights())
+        return self._step_weights[1:]
 
     def _gather_step_weights(self) -> tuple | None:
         layers = self.layers
@@ -226,6 +266,25 @@ class LlamaForCausalLM(_CountsSwaps):
         return ([layer.input_layernorm.weight for layer in layers], [layer.post_attention_layernorm.weight
                 for layer in layers], layers[0].input_layernorm.eps, *([w[i] for w in weights] for i in (0, 2, 4, 6)),
                 [t for w in weights for t in w[1::2]], [layer.self_attn.attn for layer in layers])
+
+    def _gather_dense_step_weights(self) -> tuple | None:
+        layers = self.layers
+        weights = [layer.dense_weights() for layer in layers]
+        if any(w is None or w[1] != weights[0][1] for w in weights):
+            return None
+        if any(layer.rope_index != 0 or layer.kv_group != 0 for layer in layers):
+            return None
+        return ([layer.input_layernorm.weight for layer in layers], [layer.post_attention_layernorm.weight
+                for layer in layers], layers[0].input_layernorm.eps, *([w[0][i] for w in weights] for i in range(4)),
+                weights[0][1], [layer.self_attn.attn for layer in layers])
+
+    def _dense_step(self, step, x, rope, meta, ops):
+        """All the layers in one op call: bit for bit the layers' own Python path."""
+        input_norms, post_norms, eps, qkv, o, gate_up, down, out_features, attns = step
+        attn = self.layers[0].self_attn
+        return ops.dense_layers(x, input_norms, post_norms, eps, qkv, o, gate_up, down, out_features, *rope,
+                                [a.k_cache for a in attns], [a.v_cache for a in attns], *_layout(meta),
+                                attn.num_heads, attn.num_kv_heads, attn.attn.scale)
 
     def _decode_step(self, step, x, rope, meta, ops):
         """All the layers at decode in one op call: bit for bit the layers' own one-call decode path."""
@@ -282,6 +341,12 @@ class LlamaForCausalLM(_CountsSwaps):
         self.embed_tokens = QuantizedWeight.read([table])
         if self.config.tie_word_embeddings:
             self.lm_head.load([self.embed_tokens])
+
+
+def _layout(meta: AttentionMetadata) -> tuple:
+    """The step's layout as csrc/dense_layer.cpp's ops take it."""
+    return (meta.slot_mapping, meta.num_decode_tokens, meta.decode_block_tables, meta.decode_context_lens,
+            meta.prefill_block_tables, meta.prefill_cu_seqlens_q, meta.prefill_context_lens)
 
 
 def _take_parts(weights: dict, hf_name: str) -> list:

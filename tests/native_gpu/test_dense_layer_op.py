@@ -1,0 +1,70 @@
+"""Steps on dense weights packed for our fp32 and bf16 linears (SmolLM2-135M) through csrc/dense_layer.cpp (all of
+a step's layers in one op call, or one call a layer) give bit for bit the hidden states of the Python layers'
+op-by-op path: prefills, then decodes of one sequence or three together, and steps that mix a prefill chunk
+with decodes; on one thread and two."""
+import numpy as np
+import pytest
+import torch
+
+from modelplex_native_gpu.engine.sampling_params import SamplingParams
+from modelplex_native_gpu.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+
+def counted(ops, calls, name):
+    op = getattr(ops, name)
+
+    def call(*args):
+        calls.append(1)
+        return op(*args)
+    return call
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine, ops, dtype, threads,
+                                                                        monkeypatch):
+    if dtype == "bfloat16" and not hasattr(ops, "packed_linear_bf16"):
+        pytest.skip("the bf16 linears are built where the CPU has AVX512_BF16")
+    # a 16-token budget: the 20-token prompt's second chunk runs beside the other two's first decodes
+    e = make_engine(dtype=dtype, max_num_batched_tokens=16, enable_prefix_caching=False)
+    torch.set_num_threads(threads)
+    model = e.runner.model
+    assert all(layer.dense_weights() is not None for layer in model.layers)
+    assert model.layers[0].dense_weights()[0][0].dtype == getattr(torch, dtype)
+    step_calls, layer_calls = [], []
+    monkeypatch.setattr(model.fused_ops, "dense_layers", counted(ops, step_calls, "dense_layers"), raising=False)
+    monkeypatch.setattr(model.fused_ops, "dense_layer", counted(ops, layer_calls, "dense_layer"), raising=False)
+    rng = np.random.default_rng(1)
+    prompts = [[int(t) for t in rng.integers(3, 40000, n)] for n in (12, 7, 20)]
+
+    def hidden_states():
+        captured, num_decodes = [], []
+        forward = model.forward
+
+        def capture(input_ids, positions, metas):
+            captured.append(forward(input_ids, positions, metas))
+            num_decodes.append(metas[0].num_decode_tokens)
+            return captured[-1]
+        model.forward = capture
+        try:
+            for batch in (prompts[:1], prompts):
+                e.generate(batch, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+        finally:
+            del model.forward
+        return captured, num_decodes
+
+    whole_step, num_decodes = hidden_states()
+    steps = len(whole_step)
+    mixed = [i for i, (h, nd) in enumerate(zip(whole_step, num_decodes)) if 0 < nd < h.shape[0]]
+    assert num_decodes.count(0) >= 2 and mixed and num_decodes.count(1) >= 5, num_decodes
+    assert len(step_calls) == steps and not layer_calls
+    monkeypatch.setattr(LlamaForCausalLM, "_dense_step_weights", lambda self, ropes: None)
+    per_layer, _ = hidden_states()
+    assert len(layer_calls) == steps * len(model.layers)
+    monkeypatch.setattr(LlamaDecoderLayer, "dense_weights", lambda self: None)
+    op_by_op, _ = hidden_states()
+    assert len(step_calls) == steps and len(layer_calls) == steps * len(model.layers)
+    assert len(per_layer) == len(op_by_op) == steps
+    for i, (a, b, c) in enumerate(zip(whole_step, per_layer, op_by_op)):
+        assert a.dtype == c.dtype == getattr(torch, dtype)
+        assert torch.equal(a, c) and torch.equal(b, c), f"step {i}"
