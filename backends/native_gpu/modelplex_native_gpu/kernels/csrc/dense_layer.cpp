@@ -35,15 +35,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   return fp32.call(x, packed, out_features, std::nullopt);
 }
 
-// silu(gate) * up on the gate/up product's rows, as LlamaMLP.forward computes it: the fused bf16 op, fp32
-// torch's silu and mul_ on the halves.
+// silu(gate) * up on the gate/up product's rows, as LlamaMLP.forward computes it: the fused op (bf16 and fp32).
 at::Tensor swiglu(const at::Tensor& gate_up) {
-  if (gate_up.scalar_type() == at::kBFloat16) {
-    static const auto silu_and_mul = op<at::Tensor(const at::Tensor&)>("modelplex_cpu::silu_and_mul");
-    return silu_and_mul.call(gate_up);
-  }
-  const int64_t inter = gate_up.size(1) / 2;
-  return at::silu(gate_up.narrow(1, 0, inter)).mul_(gate_up.narrow(1, inter, inter));
+  static const auto silu_and_mul = op<at::Tensor(const at::Tensor&)>("modelplex_cpu::silu_and_mul");
+  return silu_and_mul.call(gate_up);
 }
 
 struct Layer {
