@@ -24,6 +24,8 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+#include "vec_exp.h"
+
 namespace prefill_tiles {
 
 constexpr int64_t kTileTokens = 16;  // query tokens a task
@@ -54,18 +56,8 @@ struct Scratch {
 
 // exp(x) for x <= 0, 0 at -inf (Cephes expf: a degree-6 polynomial on |r| <= ln2 / 2, 2^k by scalef).
 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.f));  // scalef underflows to 0 there
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  __m512 k;
+  const __m512 y = modelplex_vec::exp_reduced(_mm512_max_ps(x, _mm512_set1_ps(-200.f)), k);  // scalef underflows to 0 there
   return _mm512_scalef_ps(y, k);
 }
 
