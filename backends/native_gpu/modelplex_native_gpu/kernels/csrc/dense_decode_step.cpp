@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <optional>
 
 #include "dense_decode_step.h"
 #include "linear_panels.h"
@@ -103,36 +104,48 @@ using AddNorm = void(at::Tensor, at::Tensor, const at::Tensor&, double);
 using Rotary = void(at::Tensor, const at::Tensor&, const at::Tensor&);
 using Store = void(const at::Tensor&, const at::Tensor&, at::Tensor, at::Tensor, const at::Tensor&);
 
-// Rotary, K/V store and attention of this thread's sequences (at fewer sequences than threads, of its K/V heads
-// and their query heads): q_k_v [M, (heads + 2 kv heads) * head_dim] -> attn [M, heads * head_dim].
-void attend_part(const at::Tensor& q_k_v, const at::Tensor& k_cache_all, const at::Tensor& v_cache_all,
-                 const at::Tensor& attn, const modelplex_dense::DecodeStep& s, int part, int parts) {
-  static const auto rotary = op<Rotary>("modelplex_cpu::rotary_embedding");
-  static const auto store = op<Store>("modelplex_cpu::store_kvcache");
+// A thread's sequences (at fewer sequences than threads, its K/V heads and their query heads): views of the
+// step's q/k/v rows, tables and attention output, the same at every layer.
+struct AttentionPart {
+  bool by_heads;
+  int64_t kv0, kv;  // its K/V heads
+  at::Tensor qk, q, k, v, cos, sin, slots, block_tables, context_lens, out;
+};
+
+// q_k_v [M, (heads + 2 kv heads) * head_dim] -> attn [M, heads * head_dim]; empty where the thread has none.
+std::optional<AttentionPart> attention_part(const at::Tensor& q_k_v, const at::Tensor& attn,
+                                            const modelplex_dense::DecodeStep& s, int part, int parts) {
   const int64_t M = q_k_v.size(0), nh = s.num_heads, nkv = s.num_kv_heads, group = nh / nkv;
   const int64_t head_dim = q_k_v.size(1) / (nh + 2 * nkv);
   const bool by_heads = M < parts;
   const Share mine = share(by_heads ? nkv : M, part, parts);
-  if (mine.count == 0) return;
+  if (mine.count == 0) return std::nullopt;
   const int64_t t0 = by_heads ? 0 : mine.first, tokens = by_heads ? M : mine.count;
   const int64_t kv0 = by_heads ? mine.first : 0, kv = by_heads ? mine.count : nkv;
   const at::Tensor rows = q_k_v.narrow(0, t0, tokens);
   const at::Tensor qk = rows.narrow(1, 0, (nh + nkv) * head_dim).view({tokens, nh + nkv, head_dim});
-  const at::Tensor c = s.cos.narrow(0, t0, tokens), sn = s.sin.narrow(0, t0, tokens);
-  const at::Tensor q = qk.narrow(1, kv0 * group, kv * group), k = qk.narrow(1, nh + kv0, kv);
-  if (by_heads) {
-    rotary.call(q, c, sn);
-    rotary.call(k, c, sn);
+  return AttentionPart{by_heads, kv0, kv, qk, qk.narrow(1, kv0 * group, kv * group), qk.narrow(1, nh + kv0, kv),
+                       rows.narrow(1, (nh + nkv) * head_dim, nkv * head_dim).view({tokens, nkv, head_dim}).narrow(1, kv0, kv),
+                       s.cos.narrow(0, t0, tokens), s.sin.narrow(0, t0, tokens), s.slot_mapping.narrow(0, t0, tokens),
+                       s.block_tables.narrow(0, t0, tokens), s.context_lens.narrow(0, t0, tokens),
+                       attn.narrow(0, t0, tokens).view({tokens, nh, head_dim}).narrow(1, kv0 * group, kv * group)};
+}
+
+// The part's rotary, K/V store and attention at one layer (its caches), with no barrier between them.
+void attend(const AttentionPart& a, const at::Tensor& k_cache_all, const at::Tensor& v_cache_all, double scale) {
+  static const auto rotary = op<Rotary>("modelplex_cpu::rotary_embedding");
+  static const auto store = op<Store>("modelplex_cpu::store_kvcache");
+  if (a.by_heads) {
+    rotary.call(a.q, a.cos, a.sin);
+    rotary.call(a.k, a.cos, a.sin);
   } else {
-    rotary.call(qk, c, sn);  // q and k heads side by side: one rotation covers both, as the op by op path
+    rotary.call(a.qk, a.cos, a.sin);  // q and k heads side by side: one rotation covers both, as the op by op path
   }
-  const at::Tensor v = rows.narrow(1, (nh + nkv) * head_dim, nkv * head_dim).view({tokens, nkv, head_dim}).narrow(1, kv0, kv);
-  const at::Tensor k_cache = by_heads ? k_cache_all.narrow(2, kv0, kv) : k_cache_all;
-  const at::Tensor v_cache = by_heads ? v_cache_all.narrow(2, kv0, kv) : v_cache_all;
-  store.call(k, v, k_cache, v_cache, s.slot_mapping.narrow(0, t0, tokens));
-  at::Tensor out = attn.narrow(0, t0, tokens).view({tokens, nh, head_dim}).narrow(1, kv0 * group, kv * group);
-  modelplex_attention::paged_decode_attention_into(q, k_cache, v_cache, s.block_tables.narrow(0, t0, tokens),
-                                                   s.context_lens.narrow(0, t0, tokens), s.scale, out);
+  const at::Tensor k_cache = a.by_heads ? k_cache_all.narrow(2, a.kv0, a.kv) : k_cache_all;
+  const at::Tensor v_cache = a.by_heads ? v_cache_all.narrow(2, a.kv0, a.kv) : v_cache_all;
+  store.call(a.k, a.v, k_cache, v_cache, a.slots);
+  at::Tensor out = a.out;
+  modelplex_attention::paged_decode_attention_into(a.q, k_cache, v_cache, a.block_tables, a.context_lens, scale, out);
 }
 
 int64_t dense_decode_steps() { return steps_run.load(); }
@@ -177,6 +190,8 @@ at::Tensor modelplex_dense::decode_step(const at::Tensor& x, const Layers& w, co
     const Share rows = share(M, part, parts);
     const at::Tensor y_rows = y.narrow(0, rows.first, rows.count), o_rows = o_out.narrow(0, rows.first, rows.count);
     const at::Tensor residual_rows = residual.narrow(0, rows.first, rows.count);
+    std::optional<AttentionPart> attention;
+    error.guard([&] { attention = attention_part(q_k_v, attn, s, part, parts); });
     for (int64_t i = 0; i < L; ++i) {
       error.guard([&] {
         if (rows.count == 0) return;
@@ -189,7 +204,9 @@ at::Tensor modelplex_dense::decode_step(const at::Tensor& x, const Layers& w, co
       barrier.wait();
       error.guard([&] { linear_part(y, w.qkv[i], n_qkv, q_k_v, part, parts); });
       barrier.wait();
-      error.guard([&] { attend_part(q_k_v, w.k_caches[i], w.v_caches[i], attn, s, part, parts); });
+      error.guard([&] {
+        if (attention) attend(*attention, w.k_caches[i], w.v_caches[i], s.scale);
+      });
       barrier.wait();
       error.guard([&] { linear_part(attn, w.o[i], H, o_out, part, parts); });
       barrier.wait();
