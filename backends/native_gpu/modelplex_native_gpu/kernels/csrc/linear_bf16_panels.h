@@ -11,6 +11,7 @@
 #include <cstring>
 
 namespace modelplex_linear_bf16 {
+namespace {  // internal linkage in each includer, as these were in linear_bf16.cpp
 
 constexpr int64_t kLanes = 16;              // fp32 outputs a register holds
 constexpr int64_t kPanel = 2 * kLanes;      // output columns a panel holds: two registers wide
@@ -97,4 +98,5 @@ void linear_panels(const uint16_t* xs, int64_t M, int64_t ldx, const uint16_t* w
   }
 }
 
+}  // namespace
 }  // namespace modelplex_linear_bf16
