@@ -1,7 +1,8 @@
 """Steps on dense weights packed for our fp32 and bf16 linears (SmolLM2-135M) through csrc/dense_layer.cpp (all of
 a step's layers in one op call, or one call a layer) give bit for bit the hidden states of the Python layers'
-op-by-op path: prefills, then decodes of one sequence or three together, and steps that mix a prefill chunk
-with decodes; on one thread and two."""
+op-by-op path: prefills, then decodes of one sequence, three or 64 together (the decode-only steps in one
+parallel region, csrc/dense_decode_step.cpp), and steps that mix a prefill chunk with decodes; on one thread
+and two."""
 import numpy as np
 import pytest
 import torch
@@ -53,10 +54,13 @@ def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine,
             del model.forward
         return captured, num_decodes
 
+    regions = ops.dense_decode_steps()
     whole_step, num_decodes = hidden_states()
     steps = len(whole_step)
     mixed = [i for i, (h, nd) in enumerate(zip(whole_step, num_decodes)) if 0 < nd < h.shape[0]]
     assert num_decodes.count(0) >= 2 and mixed and num_decodes.count(1) >= 5, num_decodes
+    decode_only = sum(nd == h.shape[0] for h, nd in zip(whole_step, num_decodes))
+    assert ops.dense_decode_steps() - regions == decode_only >= 6
     assert len(step_calls) == steps and not layer_calls
     monkeypatch.setattr(LlamaForCausalLM, "_dense_step_weights", lambda self, ropes: None)
     per_layer, _ = hidden_states()
@@ -68,3 +72,42 @@ def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine,
     for i, (a, b, c) in enumerate(zip(whole_step, per_layer, op_by_op)):
         assert a.dtype == c.dtype == getattr(torch, dtype)
         assert torch.equal(a, c) and torch.equal(b, c), f"step {i}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_64_sequence_decode_step_in_one_region_equals_the_layer_op_by_op(make_engine, ops, dtype, threads,
+                                                                           monkeypatch):
+    if dtype == "bfloat16" and not hasattr(ops, "packed_linear_bf16"):
+        pytest.skip("the bf16 linears are built where the CPU has AVX512_BF16")
+    e = make_engine(dtype=dtype, kv_cache_memory_bytes=128 << 20)
+    torch.set_num_threads(threads)
+    model = e.runner.model
+    rng = np.random.default_rng(2)
+    prompts = [[int(t) for t in rng.integers(3, 40000, int(n))] for n in rng.integers(2, 5, 64)]
+
+    def hidden_states():
+        captured = []
+        forward = model.forward
+
+        def capture(input_ids, positions, metas):
+            captured.append((forward(input_ids, positions, metas), metas[0].num_decode_tokens))
+            return captured[-1][0]
+        model.forward = capture
+        try:
+            e.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+        finally:
+            del model.forward
+        return captured
+
+    regions = ops.dense_decode_steps()
+    region = hidden_states()
+    assert [nd for h, nd in region if nd == h.shape[0]] == [64, 64], [(h.shape[0], nd) for h, nd in region]
+    assert ops.dense_decode_steps() - regions == 2
+    monkeypatch.setattr(LlamaForCausalLM, "_dense_step_weights", lambda self, ropes: None)
+    monkeypatch.setattr(LlamaDecoderLayer, "dense_weights", lambda self: None)
+    op_by_op = hidden_states()
+    assert ops.dense_decode_steps() - regions == 2 and len(op_by_op) == len(region)
+    for i, ((a, _), (b, _)) in enumerate(zip(region, op_by_op)):
+        assert a.dtype == b.dtype == getattr(torch, dtype)
+        assert torch.equal(a, b), f"step {i}"

@@ -8,7 +8,8 @@ and linear layers on GGUF-quantized weights (csrc/quant_linear.cpp; Q4_0 / Q4_1 
 csrc/quant_repack.cpp; see layers/quantized.py; batches from csrc/quant_gemm.cpp's dequantized fp32 panels),
 with a whole decoder layer at decode in one call on them (csrc/decode_layer.cpp), all of a step's layers in
 one call and one parallel region on the 16-row groups (csrc/decode_step.cpp), a decoder layer or all of a
-step's in one call on the packed fp32 and bf16 weights (csrc/dense_layer.cpp), and greedy sampling's argmax
+step's in one call on the packed fp32 and bf16 weights (csrc/dense_layer.cpp; a decode-only step in one
+parallel region, csrc/dense_decode_step.cpp), and greedy sampling's argmax
 over the rows in parallel (csrc/argmax.cpp). Headers (csrc/*.h) count
 in the build's name as the sources do.
 
@@ -41,7 +42,8 @@ _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = [os.path.join(_CSRC, name)
             for name in ("paged_attention.cpp", "store_kvcache.cpp", "layer_ops.cpp", "linear.cpp",
                           "linear_bf16.cpp", "quant_linear.cpp", "quant_repack.cpp", "quant_gemm.cpp",
-                          "decode_layer.cpp", "decode_step.cpp", "dense_layer.cpp", "argmax.cpp")]
+                          "decode_layer.cpp", "decode_step.cpp", "dense_layer.cpp", "dense_decode_step.cpp",
+                          "argmax.cpp")]
 _COMPILED_PREFILL_DTYPES = (torch.float32, torch.bfloat16)
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off"]
 

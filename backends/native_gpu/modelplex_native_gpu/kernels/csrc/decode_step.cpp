@@ -17,21 +17,12 @@
 
 #include "quant_gemm.h"
 #include "quant_repack.h"
+#include "step_team.h"
 #include "swiglu.h"
 
-#include <atomic>
 #include <cstring>
-#include <exception>
 #include <optional>
-#include <thread>
 #include <vector>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -40,32 +31,7 @@ c10::TypedOperatorHandle<F> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<F>();
 }
 
-class SpinBarrier {
- public:
-  explicit SpinBarrier(int n) : n_(n) {}
-  void reset(int n) { n_ = n; }
-  void wait() {
-    const int gen = gen_.load(std::memory_order_acquire);
-    if (count_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
-      count_.store(0, std::memory_order_relaxed);
-      gen_.fetch_add(1, std::memory_order_release);
-      return;
-    }
-    for (int spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
-#if defined(__x86_64__)
-      if (spins < (1 << 12)) {
-        _mm_pause();
-        continue;
-      }
-#endif
-      std::this_thread::yield();  // the other thread lost its core (a shared machine): let it have ours
-    }
-  }
-
- private:
-  int n_;
-  std::atomic<int> count_{0}, gen_{0};
-};
+using modelplex_team::SpinBarrier;
 
 // One thread's int16 activations.
 struct Activations {
@@ -141,10 +107,7 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
   at::Tensor q_k_v = at::empty({M, n_qkv}, x.options()), o_out = at::empty({M, H}, x.options());
   at::Tensor h = at::empty({M, 2 * inter}, x.options()), y = at::zeros({M, H}, x.options());
   at::Tensor attn = at::empty({M, q_size}, x.options());
-  int parts = 1;
-#if defined(_OPENMP)
-  parts = std::max(1, std::min(at::get_num_threads(), 64));
-#endif
+  int parts = modelplex_team::team_size();
   const int64_t group = num_heads / num_kv_heads;
   std::vector<at::Tensor> residuals(parts), normed(parts);
   for (int p = 0; p < parts; ++p) {
@@ -152,16 +115,8 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
     normed[p] = at::empty_like(x);
   }
   SpinBarrier barrier(parts);
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  auto guarded = [&](auto&& body) {
-    if (failed.load(std::memory_order_relaxed)) return;
-    try {
-      body();
-    } catch (...) {
-      if (!failed.exchange(true)) error = std::current_exception();
-    }
-  };
+  modelplex_team::FirstError error;
+  auto guarded = [&](auto&& body) { error.guard(body); };
   const bool inference = c10::InferenceMode::is_enabled();  // thread-local: the team's threads take the caller's
   auto run = [&](int part) {
     c10::InferenceMode mode(inference);
@@ -215,23 +170,8 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
       barrier.wait();
     }
   };
-  bool ran = false;
-#if defined(_OPENMP)
-  if (parts > 1) {
-#pragma omp parallel num_threads(parts)
-    if (omp_get_num_threads() == parts) {
-      run(omp_get_thread_num());
-#pragma omp master
-      ran = true;
-    }
-  }
-#endif
-  if (!ran) {  // the runtime gave a smaller team than asked (nothing ran): one thread does it all
-    parts = 1;
-    barrier.reset(1);
-    run(0);
-  }
-  if (error) std::rethrow_exception(error);
+  modelplex_team::run_team(parts, barrier, run);
+  error.rethrow();
   return y + residuals[0];
 }
 

@@ -10,6 +10,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "dense_decode_step.h"
+
 #include <optional>
 #include <vector>
 
@@ -136,6 +138,7 @@ at::Tensor dense_layer(const std::optional<at::Tensor>& x, at::Tensor residual, 
 }
 
 // Every layer of the step in turn (LlamaForCausalLM.forward's loop), then x + residual. x: the embeddings.
+// A decode-only step runs in one parallel region (dense_decode_step.cpp), with the same result.
 at::Tensor dense_layers(const at::Tensor& x, at::TensorList input_norms, at::TensorList post_norms, double eps,
                         at::TensorList qkv, at::TensorList o, at::TensorList gate_up, at::TensorList down,
                         c10::ArrayRef<int64_t> out_features, const at::Tensor& cos, const at::Tensor& sin,
@@ -151,6 +154,14 @@ at::Tensor dense_layers(const at::Tensor& x, at::TensorList input_norms, at::Ten
                   down.size() == L && k_caches.size() == L && v_caches.size() == L,
               "dense_layers: one of each per layer");
   check_features(out_features);
+  if (x.dim() == 2 && num_decode_tokens == x.size(0) && decode_block_tables.has_value() &&
+      decode_context_lens.has_value()) {  // a decode-only step: in one parallel region where it applies
+    const at::Tensor out = modelplex_dense::decode_step(
+        x, {input_norms, post_norms, qkv, o, gate_up, down, k_caches, v_caches},
+        {eps, out_features, cos, sin, slot_mapping, *decode_block_tables, *decode_context_lens, num_heads,
+         num_kv_heads, scale});
+    if (out.defined()) return out;
+  }
   const Step step{eps, out_features, cos, sin, slot_mapping, num_decode_tokens, decode_block_tables,
                   decode_context_lens, prefill_block_tables, prefill_cu_seqlens_q, prefill_context_lens,
                   num_heads, num_kv_heads, scale};

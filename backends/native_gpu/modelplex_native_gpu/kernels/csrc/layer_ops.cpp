@@ -15,39 +15,15 @@
 
 #include <cmath>
 #include <cstdint>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-#include <cstring>
 #include <vector>
 
 namespace {
 
 constexpr int64_t kLanes = 8;
 
-// x rounded to the nearest bf16 (ties to even), as a float: what torch's bf16 ops store. NaN stays NaN.
-inline float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  u = (u & 0x7FFFFFFFu) > 0x7F800000u ? (u | 0x00400000u) & 0xFFFF0000u : rounded;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-inline float bf16_to_float(at::BFloat16 x) {
-  const uint32_t u = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// The top half of a float already rounded by round_bf16.
-inline at::BFloat16 float_to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return at::BFloat16(static_cast<uint16_t>(u >> 16), at::BFloat16::from_bits());
-}
+using modelplex_swiglu::bf16_to_float;
+using modelplex_swiglu::float_to_bf16;
+using modelplex_swiglu::round_bf16;
 
 // HF's LlamaRMSNorm on one row: weight * (x * rsqrt(mean(x^2) + eps)).
 inline void rms_norm_row(const float* x, const float* weight, float* out, int64_t n, double eps) {
@@ -206,33 +182,6 @@ void rotary_embedding(at::Tensor qk, const at::Tensor& cos, const at::Tensor& si
   });
 }
 
-// SwiGLU on bf16 rows [tokens, 2n] (gate, then up, as gate_up_proj writes them) -> [tokens, n]:
-// round_bf16(round_bf16(g / (1 + exp(-g))) * u), where F.silu(gate).mul_(up) rounds. torch's exp is
-// Sleef's (1 ulp), ours below a degree-6 polynomial (2 ulps): the bf16 results can differ only where the
-// fp32 silu sits within those ulps of a bf16 rounding boundary.
-inline float silu_mul_scalar(float g, float u) {
-  return round_bf16(round_bf16(g / (1.f + std::exp(-g))) * u);
-}
-
-#ifdef __AVX512F__
-inline __m512 load_bf16(const at::BFloat16* x) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-// Round to nearest even, as round_bf16 (the quiet NaNs silu produces stay NaN).
-inline __m512 round_bf16_ps(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd);
-  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
-inline void store_bf16(at::BFloat16* out, __m512 x) {  // x already rounded: its top halves
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
-}
-#endif
-
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(is_float_or_bf16(gate_up) && gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
               "gate_up: expected contiguous fp32 or bf16 [tokens, 2 * intermediate]");
@@ -242,24 +191,7 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
     modelplex_swiglu::silu_and_mul_f32(gate_up.data_ptr<float>(), out.data_ptr<float>(), tokens, n);
     return out;
   }
-  const at::BFloat16* in = gate_up.data_ptr<at::BFloat16>();
-  at::BFloat16* o = out.data_ptr<at::BFloat16>();
-  at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const at::BFloat16 *g = in + t * 2 * n, *u = g + n;
-      at::BFloat16* row = o + t * n;
-      int64_t i = 0;
-#ifdef __AVX512F__
-      const __m512 one = _mm512_set1_ps(1.f);
-      for (; i + 16 <= n; i += 16) {
-        const __m512 gv = load_bf16(g + i);
-        const __m512 silu = round_bf16_ps(_mm512_div_ps(gv, _mm512_add_ps(one, modelplex_swiglu::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv)))));
-        store_bf16(row + i, round_bf16_ps(_mm512_mul_ps(silu, load_bf16(u + i))));
-      }
-#endif
-      for (; i < n; ++i) row[i] = float_to_bf16(silu_mul_scalar(bf16_to_float(g[i]), bf16_to_float(u[i])));
-    }
-  });
+  modelplex_swiglu::silu_and_mul_bf16(gate_up.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), tokens, n);
   return out;
 }
 

@@ -11,11 +11,9 @@
 
 #include <optional>
 
-#include "linear_tile.h"
+#include "linear_panels.h"
 
 namespace {
-
-constexpr int64_t kBlockBytes = 512 << 10;  // tokens' inputs held in L2 while a thread's panels go by
 
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2, "weight: expected fp32 [out_features, in_features]");
@@ -43,29 +41,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   const float* xs = xc.data_ptr<float>();
   const float* ws = packed.data_ptr<float>();
   float* ys = out.data_ptr<float>();
-  const int64_t row_block = std::max<int64_t>(1, kBlockBytes / (K * kRows * 4)) * kRows;
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    float tail[kRows][kPanel];  // the last panel's outputs when N is not a multiple of kPanel
-    for (int64_t m0 = 0; m0 < M; m0 += row_block) {
-      const int64_t m1 = std::min(M, m0 + row_block);
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t n0 = p * kPanel, cols = std::min(kPanel, N - n0);
-        const float* panel = ws + p * K * kPanel;
-        for (int64_t m = m0; m < m1; m += kRows) {
-          const int64_t rows = std::min(kRows, m1 - m), j = (m - m0) / kRows;
-          const float* ahead = p + 1 < p1 && j < kPrefetchTiles ? panel + K * kPanel + j * K * kLineFloats : nullptr;
-          if (cols == kPanel) {
-            tile_rows(rows, xs + m * K, K, panel, K, b == nullptr ? nullptr : b + n0, ys + m * N + n0, N, ahead);
-            continue;
-          }
-          tile_rows(rows, xs + m * K, K, panel, K, nullptr, tail[0], kPanel, ahead);
-          for (int64_t i = 0; i < rows; ++i) {
-            for (int64_t c = 0; c < cols; ++c) ys[(m + i) * N + n0 + c] = tail[i][c] + (b == nullptr ? 0.f : b[n0 + c]);
-          }
-        }
-      }
-    }
-  });
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) { linear_panels(xs, M, K, ws, N, b, ys, p0, p1); });
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #endif
 
+#include "paged_attention.h"
 #include "prefill_tiles.h"
 #include "vec_exp.h"
 
@@ -602,10 +603,11 @@ bool decode_task_fast(const DecodeBlocks<scalar_t>&, int64_t, const scalar_t*, i
 }
 #endif
 
-// query [B, H, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D] (any strides, contiguous D);
-// block_tables [B, max_blocks] int32; context_lens [B] int32 (>= 1). Returns [B, H, D].
-at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+}  // namespace
+
+void modelplex_attention::paged_decode_attention_into(const at::Tensor& query, const at::Tensor& k_cache,
+                                                      const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                                      const at::Tensor& context_lens, double scale, at::Tensor& out) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
               k_cache.strides() == v_cache.strides(), "bad shapes");
   TORCH_CHECK(query.stride(2) == 1 && k_cache.stride(3) == 1, "the head dim must be contiguous");
@@ -617,7 +619,8 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_c
   const int64_t group = num_heads / num_kv_heads;
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
-  auto out = at::empty({batch, num_heads, head_dim}, query.options());
+  TORCH_CHECK(out.sizes() == query.sizes() && out.scalar_type() == query.scalar_type() && out.stride(2) == 1 &&
+              out.stride(1) == head_dim, "out: expected [B, H, D] in the query's dtype, heads side by side");
   const int32_t* table_ptr = tables.data_ptr<int32_t>();
   const int32_t* len_ptr = lens.data_ptr<int32_t>();
   const int64_t max_blocks = tables.size(1);
@@ -645,13 +648,24 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_c
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / num_kv_heads, h = i % num_kv_heads;
         const scalar_t* q = q_ptr + b * query.stride(0) + h * group * query.stride(1);
-        scalar_t* o = out_ptr + b * num_heads * head_dim + h * group * head_dim;
+        scalar_t* o = out_ptr + b * out.stride(0) + h * group * head_dim;
         if (!decode_task_fast<scalar_t>(kv, i, q, query.stride(1), group, static_cast<float>(scale), ahead, end, o))
           decode_task<scalar_t>(kv, i, q, query.stride(1), group, static_cast<float>(scale), qf, scores, acc, m, l,
                                 ahead, end, o);
       }
     });
   });
+}
+
+namespace {
+
+// query [B, H, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D] (any strides, contiguous D);
+// block_tables [B, max_blocks] int32; context_lens [B] int32 (>= 1). Returns [B, H, D].
+at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(query.dim() == 3, "bad shapes");
+  auto out = at::empty(query.sizes(), query.options());
+  modelplex_attention::paged_decode_attention_into(query, k_cache, v_cache, block_tables, context_lens, scale, out);
   return out;
 }
 
