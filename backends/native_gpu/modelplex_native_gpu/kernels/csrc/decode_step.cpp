@@ -20,11 +20,12 @@
 #include "swiglu.h"
 
 #include <atomic>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <optional>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #if defined(_OPENMP)
@@ -86,12 +87,20 @@ void linear_part(const at::Tensor& w, int64_t type, const float* x, int64_t M, i
                                        a.qsum.data(), M, y, part, parts, keep);
 }
 
-// Bytes of weights a step keeps in the L3 cache from one step to the next: half of it (the rest holds the
-// K/V cache, activations, code, other processes).
+// Bytes of weights a step keeps in the L3 cache from one step to the next: half of this CPU's L3 (the rest
+// holds the K/V cache, activations, code, other processes); 0 (everything streamed) where Linux does not say.
+// Not sysconf(_SC_LEVEL3_CACHE_SIZE): in this VM it gives the host's 384 MB, sysfs the core's 32 MB.
 int64_t kept_bytes() {
   static const int64_t bytes = [] {
-    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return static_cast<int64_t>(l3 > 0 ? l3 / 2 : 0);
+    int64_t size = 0;
+    char unit = 0;
+    if (FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+      if (std::fscanf(f, "%" SCNd64 "%c", &size, &unit) < 1) size = 0;
+      std::fclose(f);
+    }
+    if (unit == 'K') size <<= 10;
+    else if (unit == 'M') size <<= 20;
+    return size / 2;
   }();
   return bytes;
 }
