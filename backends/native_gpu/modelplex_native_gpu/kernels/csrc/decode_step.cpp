@@ -20,6 +20,8 @@
 #include "step_team.h"
 #include "swiglu.h"
 
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -42,13 +44,31 @@ struct Activations {
 
 // y [M, N] (shared) = x [M, K] times w: this thread's part of the groups.
 void linear_part(const at::Tensor& w, int64_t type, const float* x, int64_t M, int64_t K, Activations& a, float* y,
-                 int part, int parts) {
+                 int part, int parts, double keep) {
   a.q.resize(M * K);
   a.d.resize(M * K / 32);
   a.qsum.resize(M * K / 32);
   modelplex_quant::quantize_activations16(x, M, K, a.q.data(), a.d.data(), a.qsum.data());
   modelplex_quant::group16_linear_part(type, w.data_ptr<uint8_t>(), w.size(0), K, a.q.data(), a.d.data(),
-                                       a.qsum.data(), M, y, part, parts);
+                                       a.qsum.data(), M, y, part, parts, keep);
+}
+
+// Bytes of weights a step keeps in the L3 cache from one step to the next: half of this CPU's L3 (the rest
+// holds the K/V cache, activations, code, other processes); 0 (everything streamed) where Linux does not say.
+// Not sysconf(_SC_LEVEL3_CACHE_SIZE): in this VM it gives the host's 384 MB, sysfs the core's 32 MB.
+int64_t kept_bytes() {
+  static const int64_t bytes = [] {
+    int64_t size = 0;
+    char unit = 0;
+    if (FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+      if (std::fscanf(f, "%" SCNd64 "%c", &size, &unit) < 1) size = 0;
+      std::fclose(f);
+    }
+    if (unit == 'K') size <<= 10;
+    else if (unit == 'M') size <<= 20;
+    return size / 2;
+  }();
+  return bytes;
 }
 
 using DecodeLayerFn = at::Tensor(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&, double,
@@ -114,6 +134,12 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
     residuals[p] = x.clone();
     normed[p] = at::empty_like(x);
   }
+  // A step streams more bytes than the L3 cache holds: each product's first `keep` is read as usual and stays
+  // there for the next step; the rest is streamed (non-temporal prefetches), so it does not evict them.
+  int64_t weight_bytes = 0;
+  for (int64_t i = 0; i < L; ++i) weight_bytes += qkv[i].numel() + o[i].numel() + gate_up[i].numel() + down[i].numel();
+  const double keep = std::min(1., static_cast<double>(kept_bytes()) / static_cast<double>(weight_bytes));
+  modelplex_quant::set_group16_streaming(keep < 1.);
   SpinBarrier barrier(parts);
   modelplex_team::FirstError error;
   auto guarded = [&](auto&& body) { error.guard(body); };
@@ -129,7 +155,7 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
       guarded([&] {
         std::memcpy(xn_ptr, y.data_ptr<float>(), M * H * sizeof(float));  // the first layer adds zeros
         add_norm.call(xn, residual, input_norms[i], eps);
-        linear_part(qkv[i], types[4 * i], xn_ptr, M, H, a, q_k_v.data_ptr<float>(), part, parts);
+        linear_part(qkv[i], types[4 * i], xn_ptr, M, H, a, q_k_v.data_ptr<float>(), part, parts, keep);
       });
       barrier.wait();
       guarded([&] {  // this thread's sequences (or at one sequence a step, its K/V heads and their queries)
@@ -155,17 +181,17 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
       });
       barrier.wait();
       guarded([&] { linear_part(o[i], types[4 * i + 1], attn.data_ptr<float>(), M, q_size, a, o_out.data_ptr<float>(),
-                                part, parts); });
+                                part, parts, keep); });
       barrier.wait();
       guarded([&] {
         std::memcpy(xn_ptr, o_out.data_ptr<float>(), M * H * sizeof(float));
         add_norm.call(xn, residual, post_norms[i], eps);
-        linear_part(gate_up[i], types[4 * i + 2], xn_ptr, M, H, a, h.data_ptr<float>(), part, parts);
+        linear_part(gate_up[i], types[4 * i + 2], xn_ptr, M, H, a, h.data_ptr<float>(), part, parts, keep);
       });
       barrier.wait();
       guarded([&] {
         modelplex_swiglu::silu_and_mul_f32(h.data_ptr<float>(), act.data(), M, inter);
-        linear_part(down[i], types[4 * i + 3], act.data(), M, inter, a, y.data_ptr<float>(), part, parts);
+        linear_part(down[i], types[4 * i + 3], act.data(), M, inter, a, y.data_ptr<float>(), part, parts, keep);
       });
       barrier.wait();
     }

@@ -15,9 +15,15 @@ void group16_linear(int64_t type, const uint8_t* w, int64_t N, int64_t K, const 
                     const int32_t* qsum, int64_t M, float* y);
 
 // The same product, only part `part` of `parts` (a team's thread): its share of the 16-row groups, split as
-// at::parallel_for splits them, and the last part also the N % 16 rows after them.
+// at::parallel_for splits them, and the last part also the N % 16 rows after them. The first `keep` (0..1) of
+// the part's bytes are read as usual (cached: a step reads them again from the L3 cache); the rest, at up to
+// 64 tokens, with non-temporal prefetches, which do not evict them.
 void group16_linear_part(int64_t type, const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d,
-                         const int32_t* qsum, int64_t M, float* y, int64_t part, int64_t parts);
+                         const int32_t* qsum, int64_t M, float* y, int64_t part, int64_t parts, double keep);
+
+// Whether group16_linear streams its weights (non-temporal prefetches, up to 64 tokens): set by the whole-step
+// decode when the step's weights do not fit the L3 cache, so the LM head after it keeps the step's kept bytes.
+void set_group16_streaming(bool streaming);
 
 // x [M][K] fp32 -> the int16 activations quant_linear multiplies (q [M][K], d and qsum [M][K / 32]), the same
 // bits as its own; one thread.
