@@ -90,7 +90,7 @@ class ModelRunner:
         max_rows = max(cfg.max_num_seqs, capture_sizes(cfg.max_num_seqs)[-1])  # a padded graph batch included
         self.inputs = StepInputs(max(cfg.max_num_batched_tokens, max_rows), max_rows,
                                  -(-cfg.max_model_len // self.block_size), self.device)
-        self._previous = None  # the last step's sampled ids on the device and each request's row in them
+        self._previous = None  # the last step's sampled ids on the device and the requests of their rows
         self._sampled_host, self._sampled_parity = [], 0
         if self.device.type == "cuda":
             self._sampled_host = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
@@ -197,7 +197,7 @@ class ModelRunner:
             sampled = self.sampler.sample(logits, requests, sample_indices, len(out.requests))
             self._previous = None
             return StepOutput(len(out.requests), sample_indices, None, sampled)
-        self._previous = (token_ids, {r.request_id: k for k, r in enumerate(requests)})
+        self._previous = (token_ids, requests)
         if self.device.type == "cuda":  # two buffers: this step's ids may land before the last step's are read
             self._sampled_parity ^= 1
             host = self._sampled_host[self._sampled_parity][:len(requests)]
@@ -222,23 +222,26 @@ class ModelRunner:
         row's block table (of the one KV-cache group) goes into the persistent inputs."""
         write = self.inputs.write_block_table if write_tables else None
         input_ids, starts, lens, sample_rows, sample_indices, dst, src = [], [], [], [], [], [], []
-        previous_rows = self._previous[1] if self._previous is not None else None
+        previous_rows = None  # request id -> its row in the previous step's sampled ids, built when needed
+        requests, num_scheduled, block_tables = out.requests, out.num_scheduled_tokens, out.block_tables
         for row, i in enumerate(order):
-            request, n = out.requests[i], out.num_scheduled_tokens[i]
+            request, n = requests[i], num_scheduled[i]
             start = request.num_computed_tokens
             known = request.all_token_ids[start:start + n]
             if len(known) < n:  # the last token was sampled by the step still in flight
+                if previous_rows is None:
+                    previous_rows = {r.request_id: k for k, r in enumerate(self._previous[1])}
                 dst.append(len(input_ids) + len(known))
                 src.append(previous_rows[request.request_id])
                 known.append(0)
-            input_ids.extend(known)
+            input_ids += known
             starts.append(start)
             lens.append(n)
             if start + n >= request.num_tokens + request.num_output_placeholders:
                 sample_rows.append(len(input_ids) - 1)
                 sample_indices.append(i)
             if write is not None:
-                write(row, request, out.block_tables[i][0])
+                write(row, request, block_tables[i][0])
         return input_ids, starts, lens, sample_rows, sample_indices, dst, src
 
     def _prepare(self, out: SchedulerOutput, order: list[int], nd: int, graph_size: int | None):

@@ -62,11 +62,12 @@ class Sampler:
     def sample_on_device(self, logits: torch.Tensor, requests: list[EngineRequest]) -> torch.Tensor | None:
         """The sampled ids [S] as a device tensor (nothing waits for the device), for rows that need no
         logprobs, penalties, logits processors or grammar; None when some row does (`sample` then does it all)."""
+        is_greedy = True
         for r in requests:
-            p = r.sampling_params
-            if p.logprobs is not None or p.has_penalties or p.has_logits_processors or r.grammar is not None:
+            if not r.has_plain_sampling or r.grammar is not None:
                 return None
-        if all(r.sampling_params.is_greedy for r in requests):
+            is_greedy = is_greedy and r.sampling_params.is_greedy
+        if is_greedy:
             return self._greedy(logits)
         return self._sample_tensor(logits, requests)
 
