@@ -259,22 +259,25 @@ class ModelRunner:
         padded = graph_size or rows
         if padded > rows:
             inputs.clear_rows(rows, padded)
-        tables = host["block_tables"]
-        starts_np = np.array(starts, dtype=np.int64)
         host["input_ids"][:num_tokens] = input_ids
-        if nd == rows:  # decodes only: one token per row
-            positions = starts_np
+        if nd == rows:  # decodes only: one token per row, at its start (longest first); a few Python
+            # lists cost less host time here than numpy's per-call overhead on 64 rows
+            tables = [out.block_tables[i][0] for i in order]
+            host["positions"][:rows] = starts
+            host["slot_mapping"][:rows] = [t[p // bs] * bs + p % bs for t, p in zip(tables, starts)]
+            host["context_lens"][:rows] = [p + 1 for p in starts]
+            max_blocks = -(-(starts[0] + 1) // bs)
         else:
-            lens_np = np.array(lens, dtype=np.int64)
+            starts_np, lens_np = np.array(starts, dtype=np.int64), np.array(lens, dtype=np.int64)
             req_index = np.repeat(np.arange(rows), lens_np)
             cu = np.zeros(rows + 1, dtype=np.int64)
             np.cumsum(lens_np, out=cu[1:])
             positions = np.arange(num_tokens) - cu[req_index] + starts_np[req_index]
             host["cu_seqlens"][:rows - nd + 1] = cu[nd:] - cu[nd]
-        host["positions"][:num_tokens] = positions
-        row_of_token = np.arange(rows) if nd == rows else req_index
-        host["slot_mapping"][:num_tokens] = tables[row_of_token, positions // bs] * bs + positions % bs
-        host["context_lens"][:rows] = starts_np + (1 if nd == rows else lens_np)
+            host["positions"][:num_tokens] = positions
+            host["slot_mapping"][:num_tokens] = host["block_tables"][req_index, positions // bs] * bs + positions % bs
+            host["context_lens"][:rows] = starts_np + lens_np
+            max_blocks = -(-int(host["context_lens"][:rows].max()) // bs)
         if padded > rows:  # padding rows write no KV and attend over one token of the null block
             host["input_ids"][rows:padded] = 0
             host["positions"][rows:padded] = 0
@@ -290,7 +293,6 @@ class ModelRunner:
             ids = self._previous[0].index_select(0, view("token_src", 0, len(src)))
             inputs.device_views["input_ids"].index_copy_(0, view("token_dst", 0, len(dst)), ids)
         num_padded_tokens = num_tokens + padded - rows
-        max_blocks = -(-int(host["context_lens"][:rows].max()) // bs)
         decode_tables = decode_lens = plan = None
         if nd:
             # Decode attention reads max_decode_blocks blocks per sequence: trim the padding prefills add.
