@@ -34,6 +34,10 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[list[KVCacheBlock]]] = {}  # request -> per group, null = freed
         self.num_cached_blocks: dict[str, int] = {}  # blocks already registered in the cache (every group)
         self.num_skipped_blocks: dict[str, list[int]] = {}  # per group: leading blocks handed back
+        # block_tables() per request, rebuilt after its tables change (never mutated: outputs keep them)
+        self._block_ids: dict[str, list[list[int]]] = {}
+        # One full-attention group: a request whose blocks already hold its new tokens needs nothing more
+        self._has_fast_path = len(self.groups) == 1 and self.groups[0].sliding_window is None
         self.num_prefix_queries = 0  # prompt tokens looked up
         self.num_prefix_hits = 0  # of which found in the cache
 
@@ -50,8 +54,14 @@ class KVCacheManager:
         return [block.block_id for block in blocks[group]] if blocks else []
 
     def block_tables(self, request_id: str) -> list[list[int]]:
-        """One block table per group (the scheduler's output carries them to the runner)."""
-        return [self.block_table(request_id, g) for g in range(len(self.groups))]
+        """One block table per group (the scheduler's output carries them to the runner). The lists are
+        shared between calls until the request's blocks change, and must not be mutated."""
+        ids = self._block_ids.get(request_id)
+        if ids is None:
+            ids = [self.block_table(request_id, g) for g in range(len(self.groups))]
+            if request_id in self.req_to_blocks:
+                self._block_ids[request_id] = ids
+        return ids
 
     def _update_block_hashes(self, request: EngineRequest):
         """Extend request.block_hashes to every full block of its known tokens."""
@@ -108,9 +118,18 @@ class KVCacheManager:
 
         Returns False, allocating nothing, when the pool cannot supply the blocks.
         """
+        tables = self.req_to_blocks.get(request.request_id)
+        if tables is not None and new_computed_blocks is None and self._has_fast_path:
+            # Most decode steps: the tokens fit in the request's blocks and fill no block to register.
+            num_end = request.num_computed_tokens + num_new_tokens
+            if num_end <= len(tables[0]) * self.block_size and (
+                    not self.enable_prefix_caching
+                    or min(num_end, request.num_tokens) // self.block_size
+                    <= self.num_cached_blocks.get(request.request_id, 0)):
+                return True
+        self._block_ids.pop(request.request_id, None)  # its tables may change below
         null = self.block_pool.null_block
         hits = new_computed_blocks or [[] for _ in self.groups]
-        tables = self.req_to_blocks.get(request.request_id)
         num_computed = request.num_computed_tokens + len(hits[0]) * self.block_size
         if tables is not None:
             self._free_skipped_blocks(request.request_id, tables, num_computed)
@@ -166,6 +185,7 @@ class KVCacheManager:
     def free(self, request: EngineRequest):
         """Release all of a request's blocks; tail blocks first so they are evicted first."""
         tables = self.req_to_blocks.pop(request.request_id, [])
+        self._block_ids.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
         self.num_skipped_blocks.pop(request.request_id, None)
         null = self.block_pool.null_block

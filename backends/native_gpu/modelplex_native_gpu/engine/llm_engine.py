@@ -235,31 +235,34 @@ class LLMEngine:
 
     def _make_output(self, request: EngineRequest) -> RequestOutput:
         completion = self._completions[request.request_id]
-        new_ids = request.all_token_ids[request.num_prompt_tokens + completion.num_emitted:]
+        tokens, num_prompt = request.all_token_ids, request.num_prompt_tokens
+        new_ids = tokens[num_prompt + completion.num_emitted:]
         if new_ids and request.first_token_time is None:
             request.first_token_time = time.monotonic()
         prompt_logprobs = None
         if request.prompt_logprobs is not None and new_ids and not completion.num_emitted:
             # vLLM's shape: the first prompt token has no log-probability
-            prompt_logprobs = [{request.all_token_ids[0]: None}, *request.prompt_logprobs]
-        completion.num_emitted = request.num_output_tokens
+            prompt_logprobs = [{tokens[0]: None}, *request.prompt_logprobs]
+        completion.num_emitted = num_output = len(tokens) - num_prompt
         delta, text = "", ""
+        finished = request.is_finished
         detok = completion.detokenizer
         if detok is not None:
             delta = detok.add_tokens(new_ids)
             text = detok.text
-            if detok.stopped_by is not None and not request.is_finished:
+            if detok.stopped_by is not None and not finished:
                 self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
                 request.stop_reason = detok.stopped_by
-            if request.is_finished:
+                finished = True
+            if finished:
                 delta += detok.flush()
-        if request.is_finished:
+        if finished:
             self._finish(request.request_id, completion.parent_id)
         return RequestOutput(
             request_id=completion.parent_id, index=completion.index, new_token_ids=new_ids, text_delta=delta,
-            token_ids=request.output_token_ids, text=text, finished=request.is_finished,
-            finish_reason=request.finish_reason, stop_reason=request.stop_reason,
-            num_prompt_tokens=request.num_prompt_tokens, num_generated_tokens=request.num_output_tokens,
+            token_ids=tokens[num_prompt:], text=text, finished=finished,
+            finish_reason=request.finish_reason if finished else None, stop_reason=request.stop_reason,
+            num_prompt_tokens=num_prompt, num_generated_tokens=num_output,
             num_cached_tokens=request.num_cached_tokens,
             new_logprobs=request.logprobs[-len(new_ids):] if request.logprobs else [],
             prompt_logprobs=prompt_logprobs,

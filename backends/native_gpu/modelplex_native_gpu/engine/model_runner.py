@@ -90,7 +90,7 @@ class ModelRunner:
         max_rows = max(cfg.max_num_seqs, capture_sizes(cfg.max_num_seqs)[-1])  # a padded graph batch included
         self.inputs = StepInputs(max(cfg.max_num_batched_tokens, max_rows), max_rows,
                                  -(-cfg.max_model_len // self.block_size), self.device)
-        self._previous = None  # the last step's sampled ids on the device and each request's row in them
+        self._previous = None  # the last step's sampled ids on the device and the requests of their rows
         self._sampled_host, self._sampled_parity = [], 0
         if self.device.type == "cuda":
             self._sampled_host = [torch.zeros(max_rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
@@ -164,40 +164,45 @@ class ModelRunner:
         order, num_decodes = self._order(out)
         if self.lora is not None:  # the mapping follows the flattened rows
             self.lora.set_step([out.requests[i] for i in order], [out.num_scheduled_tokens[i] for i in order])
+        graph_size = None
         if len(self.kv_groups) > 1:
             input_ids, positions, metas, sample_rows, sample_indices = self._prepare_groups(out, order, num_decodes)
-            hidden = self.model(input_ids, positions, metas)
         else:
             # A graph captured without adapters skips the LoRA ops: steps with an adapter run eagerly.
-            graph_size = None
             if self.graphs is not None and num_decodes == len(order) and (
                     self.lora is None or self.lora.model.context.mapping is None):
                 graph_size = self.graphs.padded_size(num_decodes)
             input_ids, positions, meta, sample_rows, sample_indices = self._prepare(out, order, num_decodes,
                                                                                     graph_size)
-            if graph_size is not None:
-                hidden = self.graphs.run(num_decodes, graph_size)
-            else:
-                hidden = self.model(input_ids, positions, [meta])
-        if wants_prompt_logprobs(out):  # prefill rows, in `order` (a graph's padding rows come after them)
+            metas = [meta]
+        # Decided before the forward, which evicts the requests from the CPU's caches.
+        requests = [out.requests[i] for i in sample_indices]
+        plan = self.sampler.device_plan(requests)
+        wants_logprobs = wants_prompt_logprobs(out)
+        if graph_size is not None:
+            hidden = self.graphs.run(num_decodes, graph_size)
+        else:
+            hidden = self.model(input_ids, positions, metas)
+        if wants_logprobs:  # prefill rows, in `order` (a graph's padding rows come after them)
             record_prompt_logprobs(self.model, hidden, out, order)
         if not sample_indices:
             self._previous = None
             return StepOutput(len(out.requests), [], None)
         if len(sample_indices) < hidden.shape[0]:
             hidden = hidden[sample_rows]
-        return self._sample(self.model.compute_logits(hidden), out, sample_indices)
+        return self._sample(self.model.compute_logits(hidden), out, sample_indices, requests, plan)
 
-    def _sample(self, logits: torch.Tensor, out: SchedulerOutput, sample_indices: list[int]) -> StepOutput:
-        """Plain rows (no logprobs, penalties or grammar) stay on the device: greedy ones by one argmax, and
-        one small copy into pinned memory brings the ids back; other steps take the sampler's full path."""
-        requests = [out.requests[i] for i in sample_indices]
-        token_ids = self.sampler.sample_on_device(logits, requests)
-        if token_ids is None:  # the full path: host lists
+    def _sample(self, logits: torch.Tensor, out: SchedulerOutput, sample_indices: list[int],
+                requests: list, is_greedy: bool | None) -> StepOutput:
+        """Plain rows (no logprobs, penalties or grammar; `is_greedy` not None) stay on the device: greedy ones
+        by one argmax, and one small copy into pinned memory brings the ids back; other steps take the
+        sampler's full path."""
+        if is_greedy is None:  # the full path: host lists
             sampled = self.sampler.sample(logits, requests, sample_indices, len(out.requests))
             self._previous = None
             return StepOutput(len(out.requests), sample_indices, None, sampled)
-        self._previous = (token_ids, {r.request_id: k for k, r in enumerate(requests)})
+        token_ids = self.sampler.sample_planned(logits, requests, is_greedy)
+        self._previous = (token_ids, requests)
         if self.device.type == "cuda":  # two buffers: this step's ids may land before the last step's are read
             self._sampled_parity ^= 1
             host = self._sampled_host[self._sampled_parity][:len(requests)]
@@ -222,23 +227,26 @@ class ModelRunner:
         row's block table (of the one KV-cache group) goes into the persistent inputs."""
         write = self.inputs.write_block_table if write_tables else None
         input_ids, starts, lens, sample_rows, sample_indices, dst, src = [], [], [], [], [], [], []
-        previous_rows = self._previous[1] if self._previous is not None else None
+        previous_rows = None  # request id -> its row in the previous step's sampled ids, built when needed
+        requests, num_scheduled, block_tables = out.requests, out.num_scheduled_tokens, out.block_tables
         for row, i in enumerate(order):
-            request, n = out.requests[i], out.num_scheduled_tokens[i]
+            request, n = requests[i], num_scheduled[i]
             start = request.num_computed_tokens
             known = request.all_token_ids[start:start + n]
             if len(known) < n:  # the last token was sampled by the step still in flight
+                if previous_rows is None:
+                    previous_rows = {r.request_id: k for k, r in enumerate(self._previous[1])}
                 dst.append(len(input_ids) + len(known))
                 src.append(previous_rows[request.request_id])
                 known.append(0)
-            input_ids.extend(known)
+            input_ids += known
             starts.append(start)
             lens.append(n)
             if start + n >= request.num_tokens + request.num_output_placeholders:
                 sample_rows.append(len(input_ids) - 1)
                 sample_indices.append(i)
             if write is not None:
-                write(row, request, out.block_tables[i][0])
+                write(row, request, block_tables[i][0])
         return input_ids, starts, lens, sample_rows, sample_indices, dst, src
 
     def _prepare(self, out: SchedulerOutput, order: list[int], nd: int, graph_size: int | None):
@@ -251,53 +259,56 @@ class ModelRunner:
         padded = graph_size or rows
         if padded > rows:
             inputs.clear_rows(rows, padded)
-        tables = host["block_tables"]
-        starts_np = np.array(starts, dtype=np.int64)
         host["input_ids"][:num_tokens] = input_ids
-        if nd == rows:  # decodes only: one token per row
-            positions = starts_np
+        if nd == rows:  # decodes only: one token per row, at its start (longest first); a few Python
+            # lists cost less host time here than numpy's per-call overhead on 64 rows
+            tables = [out.block_tables[i][0] for i in order]
+            host["positions"][:rows] = starts
+            host["slot_mapping"][:rows] = [t[p // bs] * bs + p % bs for t, p in zip(tables, starts)]
+            host["context_lens"][:rows] = [p + 1 for p in starts]
+            max_blocks = -(-(starts[0] + 1) // bs)
         else:
-            lens_np = np.array(lens, dtype=np.int64)
+            starts_np, lens_np = np.array(starts, dtype=np.int64), np.array(lens, dtype=np.int64)
             req_index = np.repeat(np.arange(rows), lens_np)
             cu = np.zeros(rows + 1, dtype=np.int64)
             np.cumsum(lens_np, out=cu[1:])
             positions = np.arange(num_tokens) - cu[req_index] + starts_np[req_index]
             host["cu_seqlens"][:rows - nd + 1] = cu[nd:] - cu[nd]
-        host["positions"][:num_tokens] = positions
-        row_of_token = np.arange(rows) if nd == rows else req_index
-        host["slot_mapping"][:num_tokens] = tables[row_of_token, positions // bs] * bs + positions % bs
-        host["context_lens"][:rows] = starts_np + (1 if nd == rows else lens_np)
+            host["positions"][:num_tokens] = positions
+            host["slot_mapping"][:num_tokens] = host["block_tables"][req_index, positions // bs] * bs + positions % bs
+            host["context_lens"][:rows] = starts_np + lens_np
+            max_blocks = -(-int(host["context_lens"][:rows].max()) // bs)
         if padded > rows:  # padding rows write no KV and attend over one token of the null block
             host["input_ids"][rows:padded] = 0
             host["positions"][rows:padded] = 0
             host["slot_mapping"][rows:padded] = -1
             host["context_lens"][rows:padded] = 1
         host["sample_rows"][:len(sample_rows)] = sample_rows
-        host["token_dst"][:len(dst)] = dst
-        host["token_src"][:len(src)] = src
+        if dst:
+            host["token_dst"][:len(dst)] = dst
+            host["token_src"][:len(src)] = src
         inputs.copy_to_device(padded)
-        views = inputs.device_views
+        view = inputs.view
         if dst:  # tokens still on the device go from the previous step's ids into this step's input ids
-            ids = self._previous[0].index_select(0, views["token_src"][:len(src)])
-            views["input_ids"].index_copy_(0, views["token_dst"][:len(dst)], ids)
+            ids = self._previous[0].index_select(0, view("token_src", 0, len(src)))
+            inputs.device_views["input_ids"].index_copy_(0, view("token_dst", 0, len(dst)), ids)
         num_padded_tokens = num_tokens + padded - rows
-        max_blocks = -(-int(host["context_lens"][:rows].max()) // bs)
         decode_tables = decode_lens = plan = None
         if nd:
             # Decode attention reads max_decode_blocks blocks per sequence: trim the padding prefills add.
             max_decode_blocks = -(-(starts[0] + 1) // bs)
-            decode_tables = views["block_tables"][:padded if nd == rows else nd, :max_decode_blocks]
-            decode_lens = views["context_lens"][:padded if nd == rows else nd]
+            decode_tables = view("block_tables", 0, padded if nd == rows else nd, max_decode_blocks)
+            decode_lens = view("context_lens", 0, padded if nd == rows else nd)
             plan = self.kernels.plan_decode(decode_tables, decode_lens, bs)
         meta = AttentionMetadata(
-            slot_mapping=views["slot_mapping"][:num_padded_tokens], num_decode_tokens=nd if nd < rows else padded,
+            slot_mapping=view("slot_mapping", 0, num_padded_tokens), num_decode_tokens=nd if nd < rows else padded,
             decode_block_tables=decode_tables, decode_context_lens=decode_lens,
-            prefill_block_tables=views["block_tables"][nd:rows, :max_blocks],
-            prefill_cu_seqlens_q=views["cu_seqlens"][:rows - nd + 1],
-            prefill_context_lens=views["context_lens"][nd:rows],
+            prefill_block_tables=view("block_tables", nd, rows, max_blocks),
+            prefill_cu_seqlens_q=view("cu_seqlens", 0, rows - nd + 1),
+            prefill_context_lens=view("context_lens", nd, rows),
             max_prefill_query_len=max(lens[nd:], default=0), decode_plan=plan)
-        return (views["input_ids"][:num_padded_tokens], views["positions"][:num_padded_tokens], meta,
-                views["sample_rows"][:len(sample_rows)], sample_indices)
+        return (view("input_ids", 0, num_padded_tokens), view("positions", 0, num_padded_tokens), meta,
+                view("sample_rows", 0, len(sample_rows)), sample_indices)
 
     def _prepare_groups(self, out: SchedulerOutput, order: list[int], nd: int):
         """Several KV-cache groups: the flattened step's tensors and one AttentionMetadata per group (rows in

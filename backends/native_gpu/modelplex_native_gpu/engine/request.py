@@ -21,6 +21,8 @@ class RequestStatus(enum.IntEnum):
         return self >= RequestStatus.FINISHED_STOPPED
 
 
+_FIRST_FINISHED = RequestStatus.FINISHED_STOPPED
+
 FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
@@ -57,6 +59,10 @@ class EngineRequest:
         self.num_cached_tokens = 0  # prefix-cache hit length at first schedule
         self.block_hashes: list[tuple] = []
         self.status = RequestStatus.WAITING
+        # Checked per step by the sampler (sampling_params are not changed after a request is made): rows with
+        # neither logprobs, penalties nor logits processors (nor a grammar) stay on the sampler's fast path.
+        self.has_plain_sampling = not (sampling_params.logprobs is not None or sampling_params.has_penalties
+                                       or sampling_params.has_logits_processors)
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
         self.logprobs: list[dict[int, float]] = []
@@ -85,7 +91,7 @@ class EngineRequest:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status >= _FIRST_FINISHED  # RequestStatus.is_finished, without its lookups (per token)
 
     @property
     def finish_reason(self) -> str | None:

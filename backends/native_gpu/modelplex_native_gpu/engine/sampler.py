@@ -62,13 +62,23 @@ class Sampler:
     def sample_on_device(self, logits: torch.Tensor, requests: list[EngineRequest]) -> torch.Tensor | None:
         """The sampled ids [S] as a device tensor (nothing waits for the device), for rows that need no
         logprobs, penalties, logits processors or grammar; None when some row does (`sample` then does it all)."""
+        is_greedy = self.device_plan(requests)
+        return None if is_greedy is None else self.sample_planned(logits, requests, is_greedy)
+
+    @staticmethod
+    def device_plan(requests: list[EngineRequest]) -> bool | None:
+        """None when some row needs `sample` (logprobs, penalties, logits processors, grammar); else whether
+        every row is greedy. (The runner asks before the forward, while the requests are in the CPU's caches.)"""
+        is_greedy = True
         for r in requests:
-            p = r.sampling_params
-            if p.logprobs is not None or p.has_penalties or p.has_logits_processors or r.grammar is not None:
+            if not r.has_plain_sampling or r.grammar is not None:
                 return None
-        if all(r.sampling_params.is_greedy for r in requests):
-            return self._greedy(logits)
-        return self._sample_tensor(logits, requests)
+            is_greedy = is_greedy and r.sampling_params.is_greedy
+        return is_greedy
+
+    def sample_planned(self, logits: torch.Tensor, requests: list[EngineRequest], is_greedy: bool) -> torch.Tensor:
+        """sample_on_device for rows whose device_plan was `is_greedy` (not None)."""
+        return self._greedy(logits) if is_greedy else self._sample_tensor(logits, requests)
 
     def _greedy(self, logits: torch.Tensor) -> torch.Tensor:
         if self._argmax_rows is not None and logits.dtype == torch.float32 and logits.stride(-1) == 1:

@@ -71,20 +71,21 @@ class Scheduler:
         out = SchedulerOutput(finished_request_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.max_num_batched_tokens
-        decodes, prefills = [], []
+        decodes, prefills = [], []  # (request, tokens it has left to compute)
         for r in self.running:
             num_left = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
             if num_left == 1 and not (r.num_output_placeholders and self._is_last_token_pending(r)):
-                decodes.append(r)
+                decodes.append((r, 1))
             elif num_left > 1:
-                prefills.append(r)
-        for request in decodes + prefills:
+                prefills.append((r, num_left))
+        allocate, running = self.kv_cache_manager.allocate_slots, RequestStatus.RUNNING
+        for request, num_left in decodes + prefills:
             if budget == 0:
                 break
-            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+            if request.status != running:  # preempted earlier in this loop
                 continue
-            num_new = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, num_new, out):
+            num_new = min(num_left, budget)
+            if not allocate(request, num_new) and not self._preempt_until_fits(request, num_new, out):
                 continue
             self._add(out, request, num_new)
             budget -= num_new
@@ -97,14 +98,15 @@ class Scheduler:
         return (num_output >= request.sampling_params.max_tokens
                 or request.num_tokens + request.num_output_placeholders >= self.max_model_len)
 
-    def _allocate_or_preempt(self, request: EngineRequest, num_new: int, out: SchedulerOutput) -> bool:
-        """Allocate, preempting the lowest-priority newest running request until it fits."""
-        while not self.kv_cache_manager.allocate_slots(request, num_new):
+    def _preempt_until_fits(self, request: EngineRequest, num_new: int, out: SchedulerOutput) -> bool:
+        """Preempt the lowest-priority newest running request until `request`'s allocation fits."""
+        while True:
             victim = max(self.running, key=lambda r: (r.priority, self.running.index(r)))
             self._preempt(victim, out)
             if victim is request:
                 return False
-        return True
+            if self.kv_cache_manager.allocate_slots(request, num_new):
+                return True
 
     def _preempt(self, request: EngineRequest, out: SchedulerOutput):
         logger.debug("preempting %s", request.request_id)
@@ -178,13 +180,13 @@ class Scheduler:
             if request.is_finished:
                 continue
             request.append_token(token_id)
-            self._check_stop(request, token_id)
-            if request.is_finished:
+            if self._check_stop(request, token_id):
                 self._free(request)
             updated.append(request)
         return updated
 
-    def _check_stop(self, request: EngineRequest, token_id: int):
+    def _check_stop(self, request: EngineRequest, token_id: int) -> bool:
+        """Finish the request if `token_id` (just appended) ends it; returns whether it did."""
         params = request.sampling_params
         if not params.ignore_eos and token_id == request.eos_token_id:
             request.status = RequestStatus.FINISHED_STOPPED
@@ -193,6 +195,9 @@ class Scheduler:
             request.stop_reason = token_id
         elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH
+        else:
+            return False
+        return True
 
     def finish_request(self, request_id: str, status: RequestStatus) -> EngineRequest | None:
         """Finish from outside (abort, stop string); frees its blocks at once."""

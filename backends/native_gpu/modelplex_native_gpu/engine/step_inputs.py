@@ -50,6 +50,7 @@ class StepInputs:
         # The request whose blocks each table row holds (identity, preemption count, blocks written).
         self._row_owner: list = [None] * max_num_rows
         self._row_state: list[tuple[int, int]] = [(0, 0)] * max_num_rows
+        self._slices: dict[tuple, torch.Tensor] = {}  # view() results: steps of one shape reuse them
 
     def _views(self, buffer: torch.Tensor, sizes: dict) -> dict[str, torch.Tensor]:
         views = {name: buffer[offset:offset + count * dtype.itemsize].view(dtype)
@@ -57,6 +58,18 @@ class StepInputs:
         views["block_tables"] = buffer[self._tables_offset:].view(torch.int32).view(
             self.max_num_rows, self.max_blocks_per_seq)
         return views
+
+    def view(self, name: str, start: int, end: int, num_cols: int | None = None) -> torch.Tensor:
+        """device_views[name][start:end] (block tables: [start:end, :num_cols]); a torch slice costs more
+        host time than the lookup, and decode steps ask for the same few shapes step after step."""
+        key = (name, start, end, num_cols)
+        view = self._slices.get(key)
+        if view is None:
+            if len(self._slices) >= 256:  # prefill steps' shapes vary: keep the cache small
+                self._slices.clear()
+            full = self.device_views[name]
+            view = self._slices[key] = full[start:end] if num_cols is None else full[start:end, :num_cols]
+        return view
 
     def begin_step(self) -> dict[str, np.ndarray]:
         """The host views, free to fill: the previous step's copy has left the buffer. (With async scheduling
