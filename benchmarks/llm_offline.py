@@ -162,7 +162,7 @@ def parse_args():
     p.add_argument("--peer-run-timeout", type=float, default=3600.0, help="seconds a peer may take to start, and to finish one run, before it counts as failed")
     p.add_argument("--quiet-s", type=float, default=20.0,
                    help="before each timed run, wait up to this long for other processes to use < 0.5 cores")
-    p.add_argument("--skip", default="", help="comma list of: single,peer,variable,subset")
+    p.add_argument("--skip", default="", help="comma list of: single,peer,variable,subset, and hf (no HF static batches in the races: the naive baseline takes ~85%% of a variable-subset round)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--render", default=None, metavar="JSON", help="only rewrite the markdown beside a results JSON")
     args = p.parse_args()
@@ -223,7 +223,8 @@ def main():
         print("single stream:", json.dumps(single), flush=True)
     if "peer" not in skip:
         peers = C.make_peers(peer_items, args, peer_names, ours.precision)
-        contenders = [ours, *also, C.HFStatic(args.model, len(peer_items)), *peers]
+        hf = [] if "hf" in skip else [C.HFStatic(args.model, len(peer_items))]
+        contenders = [ours, *also, *hf, *peers]
         results["peer_batch"] = race(contenders, peer_items, args.runs, "64x128", args.quiet_s)
         for c in peers:
             c.close()
@@ -233,7 +234,8 @@ def main():
     if "subset" not in skip and args.subset:
         subset = variable[:args.subset]
         peers = C.make_peers(subset, args, peer_names - {"ort"}, ours.precision)  # ort-genai: equal prompt lengths
-        contenders = [ours, *also, C.HFStatic(args.model, args.hf_batch_size), *peers]
+        hf = [] if "hf" in skip else [C.HFStatic(args.model, args.hf_batch_size)]
+        contenders = [ours, *also, *hf, *peers]
         results["variable_subset"] = race(contenders, subset, args.runs, f"variable[:{args.subset}]",
                                             args.quiet_s)
         for c in peers:
