@@ -20,12 +20,16 @@ def counted(ops, calls, name):
     return call
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.fixture(params=["float32", "bfloat16"])
+def dtype(request, ops):
+    if request.param == "bfloat16" and not hasattr(ops, "packed_linear_bf16"):
+        pytest.skip("the bf16 linears are built where the CPU has AVX512_BF16")
+    return request.param
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine, ops, dtype, threads,
                                                                         monkeypatch):
-    if dtype == "bfloat16" and not hasattr(ops, "packed_linear_bf16"):
-        pytest.skip("the bf16 linears are built where the CPU has AVX512_BF16")
     # a 16-token budget: the 20-token prompt's second chunk runs beside the other two's first decodes
     e = make_engine(dtype=dtype, max_num_batched_tokens=16, enable_prefix_caching=False)
     torch.set_num_threads(threads)
@@ -74,12 +78,9 @@ def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine,
         assert torch.equal(a, c) and torch.equal(b, c), f"step {i}"
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_64_sequence_decode_step_in_one_region_equals_the_layer_op_by_op(make_engine, ops, dtype, threads,
                                                                            monkeypatch):
-    if dtype == "bfloat16" and not hasattr(ops, "packed_linear_bf16"):
-        pytest.skip("the bf16 linears are built where the CPU has AVX512_BF16")
     e = make_engine(dtype=dtype, kv_cache_memory_bytes=128 << 20)
     torch.set_num_threads(threads)
     model = e.runner.model
