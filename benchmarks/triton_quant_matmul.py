@@ -59,6 +59,8 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--interpret", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
+    parser.add_argument("--tiles", default="", metavar="M,N,K,WARPS",
+                        help="one tile shape for every token count instead of the kernel's own choice (_tiles)")
     args = parser.parse_args()
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernel module is imported
@@ -66,8 +68,12 @@ def main() -> int:
     import torch
     from helpers.quant_check import make_weight
 
-    from modelplex_native_gpu.kernels import quant_layout
+    from modelplex_native_gpu.kernels import quant_layout, triton_quant
     from modelplex_native_gpu.kernels.triton_quant import quant_matmul
+
+    if args.tiles:
+        tiles = tuple(int(v) for v in args.tiles.split(","))
+        triton_quant._tiles = lambda m: tiles
 
     if not args.interpret and not torch.cuda.is_available():
         print("needs a CUDA device (or --interpret for a CPU smoke run)")
