@@ -102,7 +102,8 @@ def race(contenders, items, runs: int, label: str, quiet_s: float) -> list[dict]
     for r in range(runs):
         for c, row in zip(contenders, table):
             W.wait_quiet(timeout_s=quiet_s)
-            res = c.run(items)
+            copy_gb_s = W.measure_bandwidth() / 1e9  # this VM's bandwidth changes from outside it, round to round
+            res = {**c.run(items), "copy_gb_s": copy_gb_s}
             row["runs"].append(res)
             print(f"[{label} round {r + 1}] {c.name}: " + json.dumps({k: v for k, v in res.items()
                                                                       if not isinstance(v, (list, dict))}), flush=True)
@@ -252,11 +253,12 @@ def main():
 
 def _race_table(rows: list[dict], baseline_name: str) -> list[str]:
     """One row per engine; "x ours" is the median over rounds of its tok/s over ours in the same round (paired),
-    and the rounds column shows what each round got beside the cores other processes used meanwhile."""
+    and the rounds column shows what each round got beside the cores other processes used meanwhile and the
+    copy bandwidth measured just before it."""
     base = next((r for r in rows if r["name"].startswith(baseline_name) and "tok_s" in r), None)
     ours = rows[0]["runs"]
     lines = ["| engine | precision | tok/s median (min-max) | x HF | x ours (paired) | CPU ms / token median "
-             "| foreign cores median | tok/s (foreign cores) per round |",
+             "| foreign cores median | tok/s (foreign cores, copy GB/s) per round |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
@@ -265,10 +267,15 @@ def _race_table(rows: list[dict], baseline_name: str) -> list[str]:
         t, c, f = r["tok_s"], r["cpu_ms_per_token"], r["foreign_cores"]
         ratio = f"{t['median'] / base['tok_s']['median']:.1f}x" if base else ""
         paired = [x["tok_s"] / o["tok_s"] for x, o in zip(r["runs"], ours) if "error" not in x and "error" not in o]
-        per_round = ", ".join(f"{x['tok_s']:.0f} ({x['foreign_cores']:.2f})" for x in r["runs"] if "error" not in x)
+        per_round = ", ".join(f"{x['tok_s']:.0f} ({x['foreign_cores']:.2f}{_copy(x)})" for x in r["runs"]
+                              if "error" not in x)
         lines.append(f"| {r['name']} | {r['precision']} | {t['median']:.1f} ({t['min']:.1f}-{t['max']:.1f}) | {ratio} "
                      f"| {W.summary(paired)['median']:.2f}x | {c['median']:.1f} | {f['median']:.2f} | {per_round} |")
     return lines
+
+
+def _copy(run: dict) -> str:
+    return f", {run['copy_gb_s']:.0f}" if "copy_gb_s" in run else ""  # results written before it was logged
 
 
 def _metric_table(title: str, rows: list[tuple[str, str]]) -> list[str]:
