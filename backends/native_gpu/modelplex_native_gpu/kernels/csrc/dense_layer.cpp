@@ -8,9 +8,11 @@
 // at ~3-10 us each; this is one.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #include "dense_decode_step.h"
+#include "paged_attention.h"
 
 #include <optional>
 #include <vector>
@@ -61,26 +63,28 @@ struct Step {
   double scale;
 };
 
+// Decode rows and prefill rows write their halves of one output (no concatenation of the two); the op names
+// stay in the profiler's records.
 at::Tensor attention(const at::Tensor& q, const Layer& w, const Step& s) {
-  static const auto decode = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                           const at::Tensor&, double)>("modelplex_cpu::paged_decode_attention");
-  static const auto prefill = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            const at::Tensor&, const at::Tensor&, double)>("modelplex_cpu::prefill_attention");
   const int64_t tokens = q.size(0), nd = s.num_decode_tokens;
   TORCH_CHECK(0 <= nd && nd <= tokens, "num_decode_tokens: ", nd, " of ", tokens, " tokens");
-  at::Tensor decoded;
+  at::Tensor out = at::empty(q.sizes(), q.options());
   if (nd > 0) {
     TORCH_CHECK(s.decode_block_tables.has_value() && s.decode_context_lens.has_value(), "decode rows without tables");
-    decoded = decode.call(q.narrow(0, 0, nd), w.k_cache, w.v_cache, *s.decode_block_tables, *s.decode_context_lens,
-                          s.scale);
-    if (nd == tokens) return decoded;
+    RECORD_FUNCTION("modelplex_cpu::paged_decode_attention", std::vector<c10::IValue>());
+    at::Tensor decoded = out.narrow(0, 0, nd);
+    modelplex_attention::paged_decode_attention_into(q.narrow(0, 0, nd), w.k_cache, w.v_cache,
+                                                     *s.decode_block_tables, *s.decode_context_lens, s.scale, decoded);
+    if (nd == tokens) return out;
   }
   TORCH_CHECK(s.prefill_block_tables.has_value() && s.prefill_cu_seqlens_q.has_value() &&
               s.prefill_context_lens.has_value(), "prefill rows without tables");
-  const at::Tensor prefilled = prefill.call(q.narrow(0, nd, tokens - nd), w.k_cache, w.v_cache,
-                                            *s.prefill_block_tables, *s.prefill_cu_seqlens_q, *s.prefill_context_lens,
-                                            s.scale);
-  return nd == 0 ? prefilled : at::cat({decoded, prefilled});
+  RECORD_FUNCTION("modelplex_cpu::prefill_attention", std::vector<c10::IValue>());
+  at::Tensor prefilled = out.narrow(0, nd, tokens - nd);
+  modelplex_attention::prefill_attention_into(q.narrow(0, nd, tokens - nd), w.k_cache, w.v_cache,
+                                              *s.prefill_block_tables, *s.prefill_cu_seqlens_q,
+                                              *s.prefill_context_lens, s.scale, prefilled);
+  return out;
 }
 
 // The rows a step's last layer carries past its K/V store when only some rows' hidden states are wanted
