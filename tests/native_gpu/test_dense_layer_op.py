@@ -42,9 +42,10 @@ def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine,
     rng = np.random.default_rng(1)
     prompts = [[int(t) for t in rng.integers(3, 40000, n)] for n in (12, 7, 20)]
 
-    def hidden_states(every_row=False):
+    def hidden_states(every_row=False, ask_all_rows=False):
         """Each step's hidden states, its decode rows and the rows it samples; with every_row, the model is
-        not told which rows sample (as at prompt logprobs), so it returns them all."""
+        not told which rows sample (as at prompt logprobs), so it returns them all; with ask_all_rows, it is
+        asked for every row (a layout the last layer cannot cut: it runs whole and selects them after)."""
         captured, num_decodes, sampled, num_chunks = [], [], [], []
         forward = model.forward
 
@@ -53,6 +54,8 @@ def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine,
             num_chunks.append(len(metas[0].prefill_context_lens))
             if every_row:
                 metas[0].sample_rows = None
+            if ask_all_rows:
+                metas[0].sample_rows = torch.arange(len(input_ids))
             captured.append(forward(input_ids, positions, metas))
             num_decodes.append(metas[0].num_decode_tokens)
             return captured[-1]
@@ -75,16 +78,17 @@ def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine,
     assert ops.dense_decode_steps() - regions == decode_only >= 6
     assert len(step_calls) == steps and not layer_calls
     sample_rows_only, _, _, _ = hidden_states()
+    all_rows_asked, _, _, _ = hidden_states(ask_all_rows=True)
     monkeypatch.setattr(LlamaForCausalLM, "_dense_step_weights", lambda self, ropes: None)
     per_layer, _, _, _ = hidden_states()
     assert len(layer_calls) == steps * len(model.layers)
     monkeypatch.setattr(LlamaDecoderLayer, "dense_weights", lambda self: None)
     op_by_op, _, _, _ = hidden_states()
-    assert len(step_calls) == 2 * steps and len(layer_calls) == steps * len(model.layers)
-    assert len(sample_rows_only) == len(per_layer) == len(op_by_op) == steps
+    assert len(step_calls) == 3 * steps and len(layer_calls) == steps * len(model.layers)
+    assert len(sample_rows_only) == len(all_rows_asked) == len(per_layer) == len(op_by_op) == steps
     for i, (a, s, b, c, rows) in enumerate(zip(whole_step, sample_rows_only, per_layer, op_by_op, sampled)):
         assert a.dtype == c.dtype == getattr(torch, dtype)
-        assert torch.equal(a, c) and torch.equal(b, c), f"step {i}"
+        assert torch.equal(a, c) and torch.equal(b, c) and torch.equal(all_rows_asked[i], c), f"step {i}"
         # steps with prefill rows return only the rows that sample, their last layer run for those alone
         expected = c if num_decodes[i] == c.shape[0] else c[rows]
         assert torch.equal(s, expected), f"step {i}: sample rows {rows.tolist()} of {c.shape[0]}"
