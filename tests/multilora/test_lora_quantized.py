@@ -8,6 +8,7 @@ model each request gets the tokens it gets alone."""
 import numpy as np
 import pytest
 import torch
+from helpers.hidden_states import every_row_hidden_states
 from helpers.lora import write_random_adapter
 from helpers.tiny_gguf import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, VOCAB, write_tiny
 
@@ -34,13 +35,9 @@ def make_engine(path, adapters, quantized, dtype="float32", **overrides):
 
 def all_logits(engine, ids, lora):
     """Teacher-forced fp32 logits at every position of `ids` with adapter `lora` (one prefill step)."""
-    model, captured = engine.runner.model, []
-    forward = model.forward
-    model.forward = lambda *a, **k: captured.append(forward(*a, **k)) or captured[-1]
-    try:
+    model = engine.runner.model
+    with every_row_hidden_states(model) as captured:
         engine.generate([ids], SamplingParams(temperature=0, max_tokens=1), loras=[lora])
-    finally:
-        del model.forward
     with torch.inference_mode():
         return model.compute_logits(captured[0]).float()
 

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers.hidden_states import every_row_hidden_states
 from helpers.load_memory import measure_load
 from helpers.tiny_gguf import VOCAB, tensor_plans, write_tiny
 
@@ -28,13 +29,9 @@ def engine(path, quantized):
 
 def all_logits(e, ids):
     """Teacher-forced logits at every position of `ids` (one prefill step)."""
-    model, captured = e.runner.model, []
-    forward = model.forward
-    model.forward = lambda *a, **k: captured.append(forward(*a, **k)) or captured[-1]
-    try:
+    model = e.runner.model
+    with every_row_hidden_states(model) as captured:
         e.generate([ids], SamplingParams(temperature=0, max_tokens=1))
-    finally:
-        del model.forward
     with torch.inference_mode():
         return model.compute_logits(captured[0])
 

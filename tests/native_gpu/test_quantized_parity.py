@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from helpers.hidden_states import every_row_hidden_states
 from test_hf_parity import QUESTIONS, RAW_TEXTS, chat_ids
 
 from modelplex_native_gpu.config import EngineConfig
@@ -38,12 +39,10 @@ def test_quantized_engine_agrees_with_transformers_on_the_same_weights(variant, 
     type_name, required, hf, engine = variant
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS] + [tokenizer.encode(t, add_special_tokens=False)
                                                              for t in RAW_TEXTS]
-    model, captured = engine.runner.model, []
-    forward = model.forward
-    model.forward = lambda *a, **k: captured.append(forward(*a, **k)) or captured[-1]
+    model = engine.runner.model
     agree = total = 0
     mismatched = []
-    try:
+    with every_row_hidden_states(model) as captured:
         for ids in prompts:
             with torch.inference_mode():
                 seq = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
@@ -58,7 +57,5 @@ def test_quantized_engine_agrees_with_transformers_on_the_same_weights(variant, 
             [[out]] = engine.generate([ids], SamplingParams(temperature=0, max_tokens=8))
             if out.token_ids != seq[len(ids):len(ids) + 8]:
                 mismatched.append((tokenizer.decode(out.token_ids), tokenizer.decode(seq[len(ids):len(ids) + 8])))
-    finally:
-        del model.forward
     assert agree / total >= required, f"{type_name}: {agree}/{total} positions agree"
     assert not mismatched, f"{type_name}: first 8 greedy tokens differ: {mismatched}"

@@ -175,10 +175,12 @@ class ModelRunner:
             input_ids, positions, meta, sample_rows, sample_indices = self._prepare(out, order, num_decodes,
                                                                                     graph_size)
             metas = [meta]
+        wants_logprobs = wants_prompt_logprobs(out)
+        if not wants_logprobs and graph_size is None and len(metas) == 1:
+            metas[0].sample_rows = sample_rows  # prompt logprobs read every row
         # Decided before the forward, which evicts the requests from the CPU's caches.
         requests = [out.requests[i] for i in sample_indices]
         plan = self.sampler.device_plan(requests)
-        wants_logprobs = wants_prompt_logprobs(out)
         if graph_size is not None:
             hidden = self.graphs.run(num_decodes, graph_size)
         else:
@@ -188,7 +190,7 @@ class ModelRunner:
         if not sample_indices:
             self._previous = None
             return StepOutput(len(out.requests), [], None)
-        if len(sample_indices) < hidden.shape[0]:
+        if len(sample_indices) < hidden.shape[0]:  # the model returned every row
             hidden = hidden[sample_rows]
         return self._sample(self.model.compute_logits(hidden), out, sample_indices, requests, plan)
 

@@ -27,6 +27,9 @@ class AttentionMetadata:
     prefill_context_lens: torch.Tensor | None  # [num_prefills]
     max_prefill_query_len: int
     decode_plan: object = None  # kernels.plan_decode(...) for the decode rows, shared by all layers
+    # The rows whose hidden states the step reads after the model (those that sample), ascending; a model may
+    # return only these rows. None: every row is read (prompt logprobs).
+    sample_rows: torch.Tensor | None = None
 
 
 class PagedAttention(nn.Module):

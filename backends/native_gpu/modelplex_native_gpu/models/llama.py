@@ -279,12 +279,14 @@ class LlamaForCausalLM(_CountsSwaps):
                 weights[0][1], [layer.self_attn.attn for layer in layers])
 
     def _dense_step(self, step, x, rope, meta, ops):
-        """All the layers in one op call: bit for bit the layers' own Python path."""
+        """All the layers in one op call: bit for bit the layers' own Python path. A step with prefill rows
+        returns only its sample rows (where the metadata lists them), whose last layer skips the others."""
         input_norms, post_norms, eps, qkv, o, gate_up, down, out_features, attns = step
         attn = self.layers[0].self_attn
+        sample_rows = meta.sample_rows if meta.num_decode_tokens < x.shape[0] else None
         return ops.dense_layers(x, input_norms, post_norms, eps, qkv, o, gate_up, down, out_features, *rope,
                                 [a.k_cache for a in attns], [a.v_cache for a in attns], *_layout(meta),
-                                attn.num_heads, attn.num_kv_heads, attn.attn.scale)
+                                attn.num_heads, attn.num_kv_heads, attn.attn.scale, sample_rows)
 
     def _decode_step(self, step, x, rope, meta, ops):
         """All the layers at decode in one op call: bit for bit the layers' own one-call decode path."""

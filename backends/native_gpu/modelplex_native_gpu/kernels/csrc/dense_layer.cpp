@@ -8,9 +8,11 @@
 // at ~3-10 us each; this is one.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #include "dense_decode_step.h"
+#include "paged_attention.h"
 
 #include <optional>
 #include <vector>
@@ -61,31 +63,70 @@ struct Step {
   double scale;
 };
 
+// Decode rows and prefill rows write their halves of one output (no concatenation of the two); the op names
+// stay in the profiler's records.
 at::Tensor attention(const at::Tensor& q, const Layer& w, const Step& s) {
-  static const auto decode = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                           const at::Tensor&, double)>("modelplex_cpu::paged_decode_attention");
-  static const auto prefill = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            const at::Tensor&, const at::Tensor&, double)>("modelplex_cpu::prefill_attention");
   const int64_t tokens = q.size(0), nd = s.num_decode_tokens;
   TORCH_CHECK(0 <= nd && nd <= tokens, "num_decode_tokens: ", nd, " of ", tokens, " tokens");
-  at::Tensor decoded;
+  at::Tensor out = at::empty(q.sizes(), q.options());
   if (nd > 0) {
     TORCH_CHECK(s.decode_block_tables.has_value() && s.decode_context_lens.has_value(), "decode rows without tables");
-    decoded = decode.call(q.narrow(0, 0, nd), w.k_cache, w.v_cache, *s.decode_block_tables, *s.decode_context_lens,
-                          s.scale);
-    if (nd == tokens) return decoded;
+    RECORD_FUNCTION("modelplex_cpu::paged_decode_attention", std::vector<c10::IValue>());
+    at::Tensor decoded = out.narrow(0, 0, nd);
+    modelplex_attention::paged_decode_attention_into(q.narrow(0, 0, nd), w.k_cache, w.v_cache,
+                                                     *s.decode_block_tables, *s.decode_context_lens, s.scale, decoded);
+    if (nd == tokens) return out;
   }
   TORCH_CHECK(s.prefill_block_tables.has_value() && s.prefill_cu_seqlens_q.has_value() &&
               s.prefill_context_lens.has_value(), "prefill rows without tables");
-  const at::Tensor prefilled = prefill.call(q.narrow(0, nd, tokens - nd), w.k_cache, w.v_cache,
-                                            *s.prefill_block_tables, *s.prefill_cu_seqlens_q, *s.prefill_context_lens,
-                                            s.scale);
-  return nd == 0 ? prefilled : at::cat({decoded, prefilled});
+  RECORD_FUNCTION("modelplex_cpu::prefill_attention", std::vector<c10::IValue>());
+  at::Tensor prefilled = out.narrow(0, nd, tokens - nd);
+  modelplex_attention::prefill_attention_into(q.narrow(0, nd, tokens - nd), w.k_cache, w.v_cache,
+                                              *s.prefill_block_tables, *s.prefill_cu_seqlens_q,
+                                              *s.prefill_context_lens, s.scale, prefilled);
+  return out;
+}
+
+// The rows a step's last layer carries past its K/V store when only some rows' hidden states are wanted
+// (the rows that sample): every decode row, and the last row of each prefill chunk that sample_rows lists.
+// Nothing after the last layer reads the other rows' attention, MLP or residual.
+struct Kept {
+  at::Tensor rows;                          // int64 [S], ascending: the kept rows of the step
+  std::optional<at::Tensor> cu_seqlens_q;  // int32 [num_prefills + 1]: the kept prefill rows, one or none a chunk
+};
+
+// The kept rows when sample_rows has that shape (ascending; the decode rows all there; each prefill row the
+// last of its chunk); otherwise none (the caller computes every row and selects them after).
+std::optional<Kept> kept_rows(const at::Tensor& sample_rows, const Step& s, int64_t tokens) {
+  TORCH_CHECK(sample_rows.scalar_type() == at::kLong && sample_rows.dim() == 1, "sample_rows: expected int64 [S]");
+  const at::Tensor rows = sample_rows.contiguous();
+  const int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t S = rows.numel(), nd = s.num_decode_tokens;
+  for (int64_t i = 0; i < S; ++i) TORCH_CHECK(r[i] >= 0 && r[i] < tokens, "sample_rows: row ", r[i], " of ", tokens);
+  if (S < nd || nd == tokens || !s.prefill_cu_seqlens_q.has_value()) return std::nullopt;
+  for (int64_t i = 0; i < nd; ++i)
+    if (r[i] != i) return std::nullopt;
+  const at::Tensor cu = s.prefill_cu_seqlens_q->contiguous();
+  const int32_t* c = cu.data_ptr<int32_t>();
+  const int64_t num_prefills = cu.numel() - 1;
+  at::Tensor kept_cu = at::empty({num_prefills + 1}, cu.options());
+  int32_t* k = kept_cu.data_ptr<int32_t>();
+  k[0] = 0;
+  int64_t i = nd;
+  for (int64_t p = 0; p < num_prefills; ++p) {
+    const bool last = c[p + 1] > c[p] && i < S && r[i] == nd + c[p + 1] - 1;
+    i += last;
+    k[p + 1] = k[p] + last;
+  }
+  if (i != S) return std::nullopt;
+  return Kept{rows, kept_cu};
 }
 
 // x: the previous layer's MLP output, undefined at the first layer (whose input norm reads residual alone);
-// residual is updated in place (LlamaDecoderLayer.forward). Returns the MLP's output.
-at::Tensor layer_forward(at::Tensor x, at::Tensor residual, const Layer& w, const Step& s) {
+// residual is updated in place (LlamaDecoderLayer.forward). Returns the MLP's output. With `kept`, the rows
+// past the K/V store are only those (residual becomes theirs, a new tensor).
+at::Tensor layer_forward(at::Tensor x, at::Tensor& residual, const Layer& w, const Step& s,
+                         const Kept* kept = nullptr) {
   static const auto norm = op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("modelplex_cpu::rms_norm");
   static const auto add_norm = op<void(at::Tensor, at::Tensor, const at::Tensor&, double)>("modelplex_cpu::fused_add_rms_norm");
   static const auto rotary = op<void(at::Tensor, const at::Tensor&, const at::Tensor&)>("modelplex_cpu::rotary_embedding");
@@ -93,7 +134,8 @@ at::Tensor layer_forward(at::Tensor x, at::Tensor residual, const Layer& w, cons
       "modelplex_cpu::store_kvcache");
   TORCH_CHECK(w.k_cache.scalar_type() == residual.scalar_type() && w.qkv.scalar_type() == residual.scalar_type(),
               "dense layer: the weights and the K/V cache must be in the activations' dtype");
-  const int64_t tokens = residual.size(0), heads = s.num_heads + 2 * s.num_kv_heads;
+  const int64_t heads = s.num_heads + 2 * s.num_kv_heads;
+  int64_t tokens = residual.size(0);
   if (x.defined()) {
     add_norm.call(x, residual, w.input_norm, s.eps);
   } else {
@@ -108,7 +150,17 @@ at::Tensor layer_forward(at::Tensor x, at::Tensor residual, const Layer& w, cons
   const at::Tensor v = q_k_v.narrow(1, (s.num_heads + s.num_kv_heads) * head_dim, s.num_kv_heads * head_dim)
                            .view({tokens, s.num_kv_heads, head_dim});
   store.call(qk.narrow(1, s.num_heads, s.num_kv_heads), v, w.k_cache, w.v_cache, s.slot_mapping);
-  const at::Tensor attn = attention(qk.narrow(1, 0, s.num_heads), w, s);
+  at::Tensor q = qk.narrow(1, 0, s.num_heads);
+  if (kept != nullptr) {
+    q = q.index_select(0, kept->rows);
+    residual = residual.index_select(0, kept->rows);
+    tokens = q.size(0);
+    if (tokens == 0) return residual.clone();
+  }
+  const at::Tensor attn = kept == nullptr ? attention(q, w, s) : attention(q, w, Step{
+      s.eps, s.out_features, s.cos, s.sin, s.slot_mapping, s.num_decode_tokens, s.decode_block_tables,
+      s.decode_context_lens, s.prefill_block_tables, kept->cu_seqlens_q, s.prefill_context_lens, s.num_heads,
+      s.num_kv_heads, s.scale});
   at::Tensor out = linear(attn.reshape({tokens, s.num_heads * head_dim}), w.o, s.out_features[1]);
   add_norm.call(out, residual, w.post_norm, s.eps);
   return linear(swiglu(linear(out, w.gate_up, s.out_features[2])), w.down, s.out_features[3]);
@@ -138,7 +190,10 @@ at::Tensor dense_layer(const std::optional<at::Tensor>& x, at::Tensor residual, 
 }
 
 // Every layer of the step in turn (LlamaForCausalLM.forward's loop), then x + residual. x: the embeddings.
-// A decode-only step runs in one parallel region (dense_decode_step.cpp), with the same result.
+// A decode-only step runs in one parallel region (dense_decode_step.cpp), with the same result. With
+// sample_rows, only those rows of the result (bit for bit the same values): where they are the decode rows and
+// the last rows of prefill chunks, the last layer carries only them past its K/V store (a 256-token chunk's
+// last layer then attends, projects and runs its MLP for a row or a few instead of 256).
 at::Tensor dense_layers(const at::Tensor& x, at::TensorList input_norms, at::TensorList post_norms, double eps,
                         at::TensorList qkv, at::TensorList o, at::TensorList gate_up, at::TensorList down,
                         c10::ArrayRef<int64_t> out_features, const at::Tensor& cos, const at::Tensor& sin,
@@ -148,7 +203,7 @@ at::Tensor dense_layers(const at::Tensor& x, at::TensorList input_norms, at::Ten
                         const std::optional<at::Tensor>& prefill_block_tables,
                         const std::optional<at::Tensor>& prefill_cu_seqlens_q,
                         const std::optional<at::Tensor>& prefill_context_lens, int64_t num_heads,
-                        int64_t num_kv_heads, double scale) {
+                        int64_t num_kv_heads, double scale, const std::optional<at::Tensor>& sample_rows) {
   const size_t L = qkv.size();
   TORCH_CHECK(L > 0 && input_norms.size() == L && post_norms.size() == L && o.size() == L && gate_up.size() == L &&
                   down.size() == L && k_caches.size() == L && v_caches.size() == L,
@@ -160,17 +215,19 @@ at::Tensor dense_layers(const at::Tensor& x, at::TensorList input_norms, at::Ten
         x, {input_norms, post_norms, qkv, o, gate_up, down, k_caches, v_caches},
         {eps, out_features, cos, sin, slot_mapping, *decode_block_tables, *decode_context_lens, num_heads,
          num_kv_heads, scale});
-    if (out.defined()) return out;
+    if (out.defined()) return sample_rows.has_value() ? out.index_select(0, *sample_rows) : out;
   }
   const Step step{eps, out_features, cos, sin, slot_mapping, num_decode_tokens, decode_block_tables,
                   decode_context_lens, prefill_block_tables, prefill_cu_seqlens_q, prefill_context_lens,
                   num_heads, num_kv_heads, scale};
+  const std::optional<Kept> kept = sample_rows.has_value() ? kept_rows(*sample_rows, step, x.size(0)) : std::nullopt;
   at::Tensor h, residual = x.clone();  // the Python path norms the embeddings and adds into them: same values
   for (size_t i = 0; i < L; ++i) {
     h = layer_forward(h, residual, Layer{input_norms[i], post_norms[i], qkv[i], o[i], gate_up[i], down[i],
-                                         k_caches[i], v_caches[i]}, step);
+                                         k_caches[i], v_caches[i]}, step, i + 1 == L && kept ? &*kept : nullptr);
   }
-  return h + residual;
+  const at::Tensor out = h + residual;
+  return sample_rows.has_value() && !kept ? out.index_select(0, *sample_rows) : out;
 }
 
 }  // namespace
@@ -185,7 +242,7 @@ TORCH_LIBRARY_FRAGMENT(modelplex_cpu, m) {
         "Tensor[] gate_up, Tensor[] down, int[] out_features, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, "
         "Tensor(b!)[] v_caches, Tensor slot_mapping, int num_decode_tokens, Tensor? decode_block_tables, "
         "Tensor? decode_context_lens, Tensor? prefill_block_tables, Tensor? prefill_cu_seqlens_q, "
-        "Tensor? prefill_context_lens, int num_heads, int num_kv_heads, float scale) -> Tensor");
+        "Tensor? prefill_context_lens, int num_heads, int num_kv_heads, float scale, Tensor? sample_rows=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) {

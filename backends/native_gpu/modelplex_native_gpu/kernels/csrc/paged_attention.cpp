@@ -682,10 +682,10 @@ bool prefill_tiled(int64_t group, int64_t head_dim) {
 }
 
 // query [T, H, D]: sequence s's chunk at rows cu_seqlens_q[s]:cu_seqlens_q[s+1], its last row at position
-// context_lens[s] - 1; K/V as for decode, the chunk's included. Returns [T, H, D].
-at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                             const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q,
-                             const at::Tensor& context_lens, double scale) {
+// context_lens[s] - 1; K/V as for decode, the chunk's included. Writes out [T, H, D] (contiguous).
+void prefill_attention_impl(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q,
+                            const at::Tensor& context_lens, double scale, at::Tensor& out) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
               k_cache.strides() == v_cache.strides(), "bad shapes");
   TORCH_CHECK(query.stride(2) == 1 && k_cache.stride(3) == 1, "the head dim must be contiguous");
@@ -732,7 +732,8 @@ at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
   std::sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) { return a[0] > b[0]; });
   std::atomic<int64_t> next{0};
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
-  auto out = at::empty_like(query, at::MemoryFormat::Contiguous);
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == query.sizes() && out.scalar_type() == query.scalar_type(),
+              "out: expected a contiguous tensor of the query's shape and dtype");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "prefill_attention", [&] {
     const scalar_t* q_ptr = query.data_ptr<scalar_t>();
     const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
@@ -767,10 +768,24 @@ at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache,
       }
     });
   });
+}
+
+at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                             const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q,
+                             const at::Tensor& context_lens, double scale) {
+  auto out = at::empty_like(query, at::MemoryFormat::Contiguous);
+  prefill_attention_impl(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out);
   return out;
 }
 
 }  // namespace
+
+void modelplex_attention::prefill_attention_into(const at::Tensor& query, const at::Tensor& k_cache,
+                                                 const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                                 const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens,
+                                                 double scale, at::Tensor& out) {
+  prefill_attention_impl(query, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, out);
+}
 
 TORCH_LIBRARY(modelplex_cpu, m) {
   m.def("paged_decode_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "

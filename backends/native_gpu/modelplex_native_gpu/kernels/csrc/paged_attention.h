@@ -1,4 +1,5 @@
-// paged_attention.cpp's decode for callers in other sources (dense_layer.cpp's one-region decode step).
+// paged_attention.cpp's decode and prefill for callers in other sources (dense_decode_step.cpp's one-region
+// decode step; dense_layer.cpp's mixed steps, both halves written into one output).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,5 +12,11 @@ namespace modelplex_attention {
 void paged_decode_attention_into(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
                                  at::Tensor& out);
+
+// prefill_attention's result written into out (contiguous, the query's shape): query [T, H, D], sequence s's
+// chunk at rows cu_seqlens_q[s]:cu_seqlens_q[s+1], its last row at position context_lens[s] - 1.
+void prefill_attention_into(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q,
+                            const at::Tensor& context_lens, double scale, at::Tensor& out);
 
 }  // namespace modelplex_attention
