@@ -6,7 +6,8 @@ our engine. Not a test.
   flock /tmp/bench.lock .venv/bin/python benchmarks/llm_blocks.py --engines 16,32,64,128 --workload fixed
 
 `--engines`: one entry per engine, its block size in tokens; a `fresh` suffix builds a new engine (same loaded
-weights) before each of its rounds instead of reusing one. Workloads: `subset` = the first 32 requests of
+weights) before each of its rounds instead of reusing one, a `reset` suffix resets its prefix cache before each
+round (LLMEngine.reset_prefix_cache, as the vLLM peer does). Workloads: `subset` = the first 32 requests of
 llm_offline's variable workload (its `--subset 32` race), `fixed` = the peers' 64 x 128 -> 128 batch.
 Per round and engine: generated tok/s, ITL p50, decode-only steps (count, ms), blocks per contiguous ascending run
 in the tables those steps read, the copy bandwidth just before the round, minor page faults of the process during
@@ -115,7 +116,8 @@ def main():
     torch.set_num_threads(args.threads)
     args.model = default_model()
     loaded = load_weights(args.model)
-    specs = [(int(e.removesuffix("fresh")), e.endswith("fresh")) for e in args.engines.split(",")]
+    names = args.engines.split(",")
+    specs = [(int(e.removesuffix("fresh").removesuffix("reset")), e.endswith("fresh")) for e in names]
     engines = [None if fresh else make_engine(args, loaded, bs) for bs, fresh in specs]
     items = W.variable_workload()[:32] if args.workload == "subset" else W.peer_workload()
     rows = [[] for _ in specs]
@@ -125,15 +127,17 @@ def main():
                 engines[i] = None
                 gc.collect()
                 engines[i] = make_engine(args, loaded, bs)
+            if names[i].endswith("reset"):
+                assert engines[i].reset_prefix_cache()
             W.wait_quiet(timeout_s=args.quiet_s)
             res = run_round(engines[i], items)
             rows[i].append(res)
-            print(f"[round {r + 1}] {args.engines.split(',')[i]}: " + json.dumps({k: round(v, 3) for k, v in res.items()}),
+            print(f"[round {r + 1}] {names[i]}: " + json.dumps({k: round(v, 3) for k, v in res.items()}),
                   flush=True)
-    for i, name in enumerate(args.engines.split(",")):
+    for i, name in enumerate(names):
         tok = [x["tok_s"] for x in rows[i]]
         paired = [x["tok_s"] / b["tok_s"] for x, b in zip(rows[i], rows[0])]
-        print(f"{name}: tok/s median {statistics.median(tok):.1f}; vs {args.engines.split(',')[0]} per round "
+        print(f"{name}: tok/s median {statistics.median(tok):.1f}; vs {names[0]} per round "
               + ", ".join(f"{x:.3f}" for x in paired))
     if args.out:
         with open(args.out, "a") as f:
