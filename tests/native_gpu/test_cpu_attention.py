@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 from helpers.attention_cases import (
+    BIG_BLOCK_SIZE,
     BLOCK_SIZE,
     DECODE_SHAPES,
     PREFILL_CHUNKS,
@@ -32,18 +33,27 @@ def test_decode_matches_reference(num_heads, num_kv_heads, head_dim):
     check_decode(cpu.compiled_ops(), num_heads, num_kv_heads, head_dim)
 
 
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", DECODE_SHAPES)
+def test_decode_and_prefill_at_big_blocks_match_reference(num_heads, num_kv_heads, head_dim):
+    """The same bounds at 128-token blocks: contexts and chunks within, at and across their boundaries."""
+    check_decode(cpu.compiled_ops(), num_heads, num_kv_heads, head_dim, BIG_BLOCK_SIZE)
+    check_prefill(cpu.compiled_ops(), num_heads, num_kv_heads, head_dim, BIG_BLOCK_SIZE)
+
+
 # The AVX2 and portable builds of the ops (decode and prefill), alone in a child process (the op names would
 # clash with the ones loaded here); the native build runs the same checks in the tests above.
 OTHER_BUILD = """
 import sys, torch
 from torch.utils import cpp_extension
-from helpers.attention_cases import DECODE_SHAPES, PREFILL_SHAPES, check_decode, check_prefill
+from helpers.attention_cases import BIG_BLOCK_SIZE, DECODE_SHAPES, PREFILL_SHAPES, check_decode, check_prefill
 cpp_extension.load(name="modelplex_attention_" + sys.argv[1], sources=[sys.argv[2]], is_python_module=False,
                    extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"] + sys.argv[3:])
 for shape in DECODE_SHAPES:
     check_decode(torch.ops.modelplex_cpu, *shape)
+    check_decode(torch.ops.modelplex_cpu, *shape, BIG_BLOCK_SIZE)
 for shape in PREFILL_SHAPES:
     check_prefill(torch.ops.modelplex_cpu, *shape)
+    check_prefill(torch.ops.modelplex_cpu, *shape, BIG_BLOCK_SIZE)
 print("ok")
 """
 

@@ -55,6 +55,23 @@ def test_stop_token_ids_max_tokens_and_ignore_eos(engine, france, tokenizer):
     assert_no_leak(engine)
 
 
+def test_reset_prefix_cache_forgets_cached_blocks_only_while_no_block_is_used(make_engine, france):
+    engine = make_engine()
+    kv = engine.kv_cache_manager
+    run(engine, france, temperature=0, max_tokens=2)
+    engine.add_request("busy", france, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    engine.step()
+    cached = dict(kv.block_pool.cached_blocks)
+    assert cached and not engine.reset_prefix_cache() and kv.block_pool.cached_blocks == cached
+    while engine.has_unfinished_requests():
+        engine.step()
+    hits = kv.num_prefix_hits
+    assert hits > 0 and engine.reset_prefix_cache() and not kv.block_pool.cached_blocks
+    run(engine, france, temperature=0, max_tokens=2)
+    assert kv.num_prefix_hits == hits  # nothing served from the forgotten blocks
+    assert_no_leak(engine)
+
+
 def test_n_completions_share_prompt_blocks_and_seed_reproduces(engine, france):
     hits_before = engine.kv_cache_manager.num_prefix_hits
     outs = run(engine, france, n=3, temperature=1.0, seed=11, max_tokens=10)

@@ -202,6 +202,13 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block, as vLLM's LLM.reset_prefix_cache; only while no block is in use
+        (False, nothing forgotten, otherwise). A run that starts after it gets the first run's contiguous block
+        tables: a cache left full of blocks no request will hit again keeps later tables scattered (block_pool.py's
+        cold rule; benchmarks/results/llm_blocks-2026-11-27.md)."""
+        return self.kv_cache_manager.block_pool.reset_prefix_cache()
+
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> list[RequestOutput]:
