@@ -50,6 +50,7 @@ def run_engine(engine, items, detokenize=True) -> dict:
     from modelplex_native_gpu.engine.sampling_params import SamplingParams
 
     kv = engine.kv_cache_manager
+    engine.reset_prefix_cache()  # as the vLLM peer's runner does before each run: every run starts from the same pool
     kv.num_prefix_hits = kv.num_prefix_queries = 0
     t0, cpu0 = time.perf_counter(), time.process_time()
     salt = f"run-{time.monotonic_ns()}"  # prefix hits within this run only, never on an earlier run's blocks
