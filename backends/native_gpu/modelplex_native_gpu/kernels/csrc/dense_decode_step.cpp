@@ -1,12 +1,13 @@
 // All the layers of a decode-only step (every row a sequence's one token) on dense weights packed for our fp32
 // and bf16 linears, in one parallel region: dense_layer.cpp's op by op path opens one at::parallel_for region per
 // op, ~10 a layer (~300 a SmolLM2 step at ~3.5 us each, step_team.h). Here the team stays up for the whole step
-// and meets at a spin barrier after each stage: the norms and silu(gate) * up by rows (each thread its share of
-// the rows), the products by column panels (each thread its share of the weight's panels, through the panel loop
-// the linear ops run: linear_panels.h, linear_bf16_panels.h), and per thread its sequences' rotary, K/V store
-// and attention (at one sequence, its K/V heads'), with no barrier between them. The small ops run through the
-// dispatcher on the thread's rows (their at::parallel_for runs inline inside the region). Every output is
-// computed by the same arithmetic as the op by op path's, whatever the split: the result is bit for bit its.
+// and meets at a spin barrier after each stage (7 a layer): the norms by rows (each thread its share of the rows),
+// the products by column panels (each thread its share of the weight's panels, through the panel loop the linear
+// ops run: linear_panels.h, linear_bf16_panels.h), gate/up with silu(gate) * up by paired panels (each thread
+// gate's columns and the same columns of up, then silu(gate) * up on them), and per thread its sequences' rotary,
+// K/V store and attention (at one sequence, its K/V heads'), with no barrier between them. The small ops run
+// through the dispatcher on the thread's rows (their at::parallel_for runs inline inside the region). Every output
+// is computed by the same arithmetic as the op by op path's, whatever the split: the result is bit for bit its.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
@@ -68,35 +69,58 @@ Share share(int64_t total, int part, int parts) {
   return {first, std::min(total - first, chunk)};
 }
 
-// y [M, n] (contiguous) columns of this thread's share of the panels = x [M, k] (contiguous) times the packed
+// Output columns a panel of the packed weight holds.
+int64_t panel_width(at::ScalarType dtype) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  if (dtype == at::kBFloat16) return modelplex_linear_bf16::kPanel;
+#endif
+  return kPanel;
+}
+
+// y [M, n] (contiguous) columns of the packed weight's panels `panels` = x [M, k] (contiguous) times the packed
 // weight transposed: packed_linear's (packed_linear_bf16's) panel loop.
-void linear_part(const at::Tensor& x, const at::Tensor& packed, int64_t n, const at::Tensor& y, int part, int parts) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const Share p = share(packed.size(0), part, parts);
-  if (p.count == 0) return;
+void linear_panels_of(const at::Tensor& x, const at::Tensor& packed, int64_t n, const at::Tensor& y, Share panels) {
+  const int64_t M = x.size(0), K = x.size(1), p0 = panels.first, p1 = panels.first + panels.count;
+  if (panels.count == 0) return;
   if (x.scalar_type() == at::kFloat) {
-    linear_panels(x.data_ptr<float>(), M, K, packed.data_ptr<float>(), n, nullptr, y.data_ptr<float>(), p.first,
-                  p.first + p.count);
+    linear_panels(x.data_ptr<float>(), M, K, packed.data_ptr<float>(), n, nullptr, y.data_ptr<float>(), p0, p1);
     return;
   }
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
   modelplex_linear_bf16::linear_panels(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M,
                                        M == 1 ? 0 : K, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
-                                       K / 2, nullptr, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n,
-                                       p.first, p.first + p.count);
+                                       K / 2, nullptr, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n, p0, p1);
 #endif
 }
 
-// silu(gate) * up on rows [first, first + count) of h [M, 2 inter] into act [M, inter].
-void swiglu_rows(const at::Tensor& h, const at::Tensor& act, Share rows) {
-  const int64_t inter = act.size(1);
+// This thread's share of the panels.
+void linear_part(const at::Tensor& x, const at::Tensor& packed, int64_t n, const at::Tensor& y, int part, int parts) {
+  linear_panels_of(x, packed, n, y, share(packed.size(0), part, parts));
+}
+
+// act [M, inter] columns [c0, c0 + width) = silu(gate) * up of h [M, 2 inter], every row.
+void swiglu_columns(const at::Tensor& h, const at::Tensor& act, int64_t c0, int64_t width) {
+  const int64_t M = h.size(0), inter = act.size(1);
   if (h.scalar_type() == at::kFloat) {
-    modelplex_swiglu::silu_and_mul_f32(h.data_ptr<float>() + rows.first * 2 * inter,
-                                       act.data_ptr<float>() + rows.first * inter, rows.count, inter);
+    const float* g = h.data_ptr<float>() + c0;
+    modelplex_swiglu::silu_and_mul_rows_f32(g, g + inter, 2 * inter, act.data_ptr<float>() + c0, inter, 0, M, width);
   } else {
-    modelplex_swiglu::silu_and_mul_bf16(h.data_ptr<at::BFloat16>() + rows.first * 2 * inter,
-                                        act.data_ptr<at::BFloat16>() + rows.first * inter, rows.count, inter);
+    const at::BFloat16* g = h.data_ptr<at::BFloat16>() + c0;
+    modelplex_swiglu::silu_and_mul_rows_bf16(g, g + inter, 2 * inter, act.data_ptr<at::BFloat16>() + c0, inter, 0, M,
+                                             width);
   }
+}
+
+// The MLP's gate/up product and silu(gate) * up, gate's and up's columns filling whole panels (P each): the
+// thread takes gate's panels [a, b) and up's [a + P, b + P) and runs silu(gate) * up on its own columns right
+// after, all rows, with no barrier between.
+void gate_up_swiglu(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& h, const at::Tensor& act,
+                    int part, int parts) {
+  const int64_t n = h.size(1), panel = panel_width(x.scalar_type()), P = n / 2 / panel;
+  const Share gate = share(P, part, parts);
+  linear_panels_of(x, packed, n, h, gate);
+  linear_panels_of(x, packed, n, h, {gate.first + P, gate.count});
+  swiglu_columns(h, act, gate.first * panel, gate.count * panel);
 }
 
 using Norm = at::Tensor(const at::Tensor&, const at::Tensor&, double);
@@ -162,7 +186,7 @@ at::Tensor modelplex_dense::decode_step(const at::Tensor& x, const Layers& w, co
   }
   const int64_t M = x.size(0), H = x.size(1), n_qkv = s.out_features[0], n_gate_up = s.out_features[2];
   if (n_qkv % (s.num_heads + 2 * s.num_kv_heads) != 0 || s.out_features[1] != H || s.out_features[3] != H ||
-      n_gate_up % 2 != 0) {
+      n_gate_up % (2 * panel_width(dtype)) != 0) {
     return {};
   }
   const int64_t head_dim = n_qkv / (s.num_heads + 2 * s.num_kv_heads), inter = n_gate_up / 2;
@@ -214,9 +238,7 @@ at::Tensor modelplex_dense::decode_step(const at::Tensor& x, const Layers& w, co
         if (rows.count > 0) add_norm.call(o_rows, residual_rows, w.post_norms[i], s.eps);
       });
       barrier.wait();
-      error.guard([&] { linear_part(o_out, w.gate_up[i], n_gate_up, h, part, parts); });
-      barrier.wait();
-      error.guard([&] { swiglu_rows(h, act, rows); });
+      error.guard([&] { gate_up_swiglu(o_out, w.gate_up[i], h, act, part, parts); });
       barrier.wait();
       error.guard([&] { linear_part(act, w.down[i], H, y, part, parts); });
       barrier.wait();
