@@ -5,7 +5,8 @@
 // the products by column panels (each thread its share of the weight's panels, through the panel loop the linear
 // ops run: linear_panels.h, linear_bf16_panels.h), gate/up with silu(gate) * up by paired panels (each thread
 // gate's columns and the same columns of up, then silu(gate) * up on them), and per thread its sequences' rotary,
-// K/V store and attention (at one sequence, its K/V heads'), with no barrier between them. The norms, rotary and
+// K/V store and attention (its run of sequences split by context length; at one sequence, its K/V heads'), with
+// no barrier between them. The norms, rotary and
 // K/V store are called directly on the thread's rows (layer_rows.h: the row functions of the ops themselves), not
 // through the dispatcher. Every output is computed by the same arithmetic as the op by op path's, whatever the
 // split: the result is bit for bit its.
@@ -146,13 +147,30 @@ struct AttentionPart {
   at::Tensor qk, q, k, v, cos, sin, slots, block_tables, context_lens, out;
 };
 
+// Where the sequences of part k of `parts` begin: the sequences split in contiguous runs whose context lengths
+// (what the attention reads, most of its time) plus a fixed cost each add up about alike. Split by count, the
+// variable workload's lengths (tens to ~1.6k tokens) left one thread waiting at the barrier after attention.
+int64_t context_boundary(const int32_t* lens, int64_t M, int k, int parts) {
+  constexpr int64_t kSequenceCost = 16;  // rotary, K/V store and the attention's setup, in tokens read
+  if (k == 0 || k == parts) return k == 0 ? 0 : M;
+  int64_t total = 0;
+  for (int64_t i = 0; i < M; ++i) total += lens[i] + kSequenceCost;
+  const int64_t target = total * k / parts;
+  int64_t before = 0, i = 0;
+  for (; i < M && before + lens[i] + kSequenceCost <= target; ++i) before += lens[i] + kSequenceCost;
+  // i: the last boundary at or below the target; i + 1 if that one is nearer
+  return i < M && before + lens[i] + kSequenceCost - target < target - before ? i + 1 : i;
+}
+
 // q_k_v [M, (heads + 2 kv heads) * head_dim] -> attn [M, heads * head_dim]; empty where the thread has none.
 std::optional<AttentionPart> attention_part(const at::Tensor& q_k_v, const at::Tensor& attn,
                                             const modelplex_dense::DecodeStep& s, int part, int parts) {
   const int64_t M = q_k_v.size(0), nh = s.num_heads, nkv = s.num_kv_heads, group = nh / nkv;
   const int64_t head_dim = q_k_v.size(1) / (nh + 2 * nkv);
   const bool by_heads = M < parts;
-  const Share mine = share(by_heads ? nkv : M, part, parts);
+  const int32_t* lens = s.context_lens.data_ptr<int32_t>();
+  const int64_t first = context_boundary(lens, M, part, parts);
+  const Share mine = by_heads ? share(nkv, part, parts) : Share{first, context_boundary(lens, M, part + 1, parts) - first};
   if (mine.count == 0) return std::nullopt;
   const int64_t t0 = by_heads ? 0 : mine.first, tokens = by_heads ? M : mine.count;
   const int64_t kv0 = by_heads ? mine.first : 0, kv = by_heads ? mine.count : nkv;
@@ -213,6 +231,8 @@ bool small_ops_apply(const modelplex_dense::Layers& w, const modelplex_dense::De
   for (const auto* t : {&s.cos, &s.sin}) {
     if (t->scalar_type() != dtype || !t->is_contiguous() || t->numel() != M * head_dim) return false;
   }
+  const at::Tensor& lens = s.context_lens;
+  if (lens.scalar_type() != at::kInt || lens.dim() != 1 || lens.size(0) != M || !lens.is_contiguous()) return false;
   const at::Tensor& slots = s.slot_mapping;
   if (slots.scalar_type() != at::kLong || slots.dim() != 1 || slots.size(0) != M || !slots.is_contiguous()) return false;
   const int64_t max_slot = slots.max().item<int64_t>();
