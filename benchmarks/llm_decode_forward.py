@@ -1,6 +1,6 @@
-"""The model's forward on one 64-sequence decode step of the peers' fixed batch (--workload variable: a ~29-sequence
-one of the variable subset, context lengths ~100 to ~1.6k), repeated: paired medians of two checkouts (the decode
-step's compute alone, without the run's prefill steps and host phases). Not a test.
+"""The model's forward on one 64-sequence decode step of the peers' fixed batch (--workload variable: the variable
+subset's first decode-only step, ~29 sequences of context lengths ~100 to ~1.6k), repeated: paired medians of two
+checkouts (the decode step's compute alone, without the run's prefill steps and host phases). Not a test.
 
   flock /tmp/bench.lock .venv/bin/python benchmarks/llm_decode_forward.py --dtype float32 --trees /work/main,. \\
       --reps 150 --rounds 2
@@ -29,16 +29,6 @@ def child(dtype: str, reps: int, workload: str) -> None:
     import llm_workloads as W
 
     engine = P.make_engine(dtype, 2)
-    if workload == "fixed":
-        P.add_workload(engine, W.peer_workload())
-        while P.has_prefill(engine):
-            engine.step()
-    else:  # the variable subset: until every admitted sequence decodes (~29 of 32 fit; the rest wait)
-        P.add_workload(engine, W.variable_workload()[:32])
-        while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
-            engine.step()
-    for _ in range(20):
-        engine.step()
     model, captured = engine.runner.model, []
     forward = model.forward
 
@@ -46,10 +36,25 @@ def child(dtype: str, reps: int, workload: str) -> None:
         captured.append(args)
         return forward(*args)
 
-    model.forward = capture
-    engine.step()
-    del model.forward
-    args = captured[0]
+    def captured_step():
+        captured.clear()
+        model.forward = capture
+        engine.step()
+        del model.forward
+        return captured[0]
+
+    if workload == "fixed":
+        P.add_workload(engine, W.peer_workload())
+        while P.has_prefill(engine):
+            engine.step()
+        for _ in range(20):
+            engine.step()
+        args = captured_step()
+    else:  # the variable subset: its first decode-only step (every admitted prompt prefilled, the rest waiting)
+        P.add_workload(engine, W.variable_workload()[:32])
+        args = captured_step()
+        while args[2][0].num_decode_tokens < args[0].shape[0]:
+            args = captured_step()
     times = []
     with torch.inference_mode():
         for _ in range(reps):
