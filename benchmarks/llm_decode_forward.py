@@ -1,4 +1,5 @@
-"""The model's forward on one 64-sequence decode step of the peers' fixed batch, repeated: paired medians of two
+"""The model's forward on one 64-sequence decode step of the peers' fixed batch (--workload variable: the variable
+subset's first decode-only step, ~29 sequences of context lengths ~100 to ~1.6k), repeated: paired medians of two
 checkouts (the decode step's compute alone, without the run's prefill steps and host phases). Not a test.
 
   flock /tmp/bench.lock .venv/bin/python benchmarks/llm_decode_forward.py --dtype float32 --trees /work/main,. \\
@@ -20,7 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(dtype: str, reps: int) -> None:
+def child(dtype: str, reps: int, workload: str) -> None:
     import torch
 
     sys.path.insert(0, HERE)
@@ -28,11 +29,6 @@ def child(dtype: str, reps: int) -> None:
     import llm_workloads as W
 
     engine = P.make_engine(dtype, 2)
-    P.add_workload(engine, W.peer_workload())
-    while P.has_prefill(engine):
-        engine.step()
-    for _ in range(20):
-        engine.step()
     model, captured = engine.runner.model, []
     forward = model.forward
 
@@ -40,10 +36,25 @@ def child(dtype: str, reps: int) -> None:
         captured.append(args)
         return forward(*args)
 
-    model.forward = capture
-    engine.step()
-    del model.forward
-    args = captured[0]
+    def captured_step():
+        captured.clear()
+        model.forward = capture
+        engine.step()
+        del model.forward
+        return captured[0]
+
+    if workload == "fixed":
+        P.add_workload(engine, W.peer_workload())
+        while P.has_prefill(engine):
+            engine.step()
+        for _ in range(20):
+            engine.step()
+        args = captured_step()
+    else:  # the variable subset: its first decode-only step (every admitted prompt prefilled, the rest waiting)
+        P.add_workload(engine, W.variable_workload()[:32])
+        args = captured_step()
+        while args[2][0].num_decode_tokens < args[0].shape[0]:
+            args = captured_step()
     times = []
     with torch.inference_mode():
         for _ in range(reps):
@@ -58,11 +69,13 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--trees", default="", help="two checkouts, A,B")
     p.add_argument("--reps", type=int, default=150)
+    p.add_argument("--workload", default="fixed", choices=["fixed", "variable"],
+                   help="the peers' fixed batch, or the variable subset (first 32 requests; lengths differ)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.dtype, args.reps)
+        return child(args.dtype, args.reps, args.workload)
     trees = [os.path.abspath(t) for t in args.trees.split(",")]
     rounds = []
     for r in range(args.rounds):
@@ -71,13 +84,15 @@ def main() -> None:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.join(tree, f) for f in ("platform",
                                                                                           "backends/native_gpu")))
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--dtype", args.dtype,
-                                  "--reps", str(args.reps)], env=env, capture_output=True, text=True, check=True)
+                                  "--reps", str(args.reps), "--workload", args.workload], env=env,
+                                 capture_output=True, text=True, check=True)
             rows, ms = out.stdout.split()[-2:]
             row.append(float(ms))
         rounds.append(row)
         print(f"round {r + 1}: {rows} rows, forward median {row[0]:.2f}, {row[1]:.2f} ms, B/A {row[1] / row[0]:.3f}",
               flush=True)
-    print(f"\n{args.dtype}; A={trees[0]} B={trees[1]}: B/A per round {[round(b / a, 3) for a, b in rounds]}, "
+    print(f"\n{args.dtype} {args.workload}; A={trees[0]} B={trees[1]}: "
+          f"B/A per round {[round(b / a, 3) for a, b in rounds]}, "
           f"median {statistics.median(b / a for a, b in rounds):.3f}")
 
 

@@ -1,23 +1,28 @@
 // All the layers of a decode-only step (every row a sequence's one token) on dense weights packed for our fp32
 // and bf16 linears, in one parallel region: dense_layer.cpp's op by op path opens one at::parallel_for region per
 // op, ~10 a layer (~300 a SmolLM2 step at ~3.5 us each, step_team.h). Here the team stays up for the whole step
-// and meets at a spin barrier after each stage: the norms and silu(gate) * up by rows (each thread its share of
-// the rows), the products by column panels (each thread its share of the weight's panels, through the panel loop
-// the linear ops run: linear_panels.h, linear_bf16_panels.h), and per thread its sequences' rotary, K/V store
-// and attention (at one sequence, its K/V heads'), with no barrier between them. The small ops run through the
-// dispatcher on the thread's rows (their at::parallel_for runs inline inside the region). Every output is
-// computed by the same arithmetic as the op by op path's, whatever the split: the result is bit for bit its.
+// and meets at a spin barrier after each stage (7 a layer): the norms by rows (each thread its share of the rows),
+// the products by column panels (each thread its share of the weight's panels, through the panel loop the linear
+// ops run: linear_panels.h, linear_bf16_panels.h), gate/up with silu(gate) * up by paired panels (each thread
+// gate's columns and the same columns of up, then silu(gate) * up on them), and per thread its sequences' rotary,
+// K/V store and attention (its run of sequences split by context length; at one sequence, its K/V heads'), with
+// no barrier between them. The norms, rotary and
+// K/V store are called directly on the thread's rows (layer_rows.h: the row functions of the ops themselves), not
+// through the dispatcher. Every output is computed by the same arithmetic as the op by op path's, whatever the
+// split: the result is bit for bit its.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <optional>
+#include <vector>
 
 #include "dense_decode_step.h"
+#include "layer_rows.h"
 #include "linear_panels.h"
 #include "paged_attention.h"
 #include "step_team.h"
@@ -36,11 +41,6 @@ constexpr bool kBf16Panels = false;
 #endif
 
 std::atomic<int64_t> steps_run{0};  // decode_step's steps: the tests check that it ran
-
-template <typename F>
-c10::TypedOperatorHandle<F> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<F>();
-}
 
 // Whether packed is csrc/linear.cpp's (fp32) or csrc/linear_bf16.cpp's (bf16) packing of an [n, k] weight.
 bool packed_for(const at::Tensor& packed, at::ScalarType dtype, int64_t n, int64_t k) {
@@ -68,41 +68,76 @@ Share share(int64_t total, int part, int parts) {
   return {first, std::min(total - first, chunk)};
 }
 
-// y [M, n] (contiguous) columns of this thread's share of the panels = x [M, k] (contiguous) times the packed
+// Output columns a panel of the packed weight holds.
+int64_t panel_width(at::ScalarType dtype) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  if (dtype == at::kBFloat16) return modelplex_linear_bf16::kPanel;
+#endif
+  return kPanel;
+}
+
+// y [M, n] (contiguous) columns of the packed weight's panels `panels` = x [M, k] (contiguous) times the packed
 // weight transposed: packed_linear's (packed_linear_bf16's) panel loop.
-void linear_part(const at::Tensor& x, const at::Tensor& packed, int64_t n, const at::Tensor& y, int part, int parts) {
-  const int64_t M = x.size(0), K = x.size(1);
-  const Share p = share(packed.size(0), part, parts);
-  if (p.count == 0) return;
+void linear_panels_of(const at::Tensor& x, const at::Tensor& packed, int64_t n, const at::Tensor& y, Share panels) {
+  const int64_t M = x.size(0), K = x.size(1), p0 = panels.first, p1 = panels.first + panels.count;
+  if (panels.count == 0) return;
   if (x.scalar_type() == at::kFloat) {
-    linear_panels(x.data_ptr<float>(), M, K, packed.data_ptr<float>(), n, nullptr, y.data_ptr<float>(), p.first,
-                  p.first + p.count);
+    linear_panels(x.data_ptr<float>(), M, K, packed.data_ptr<float>(), n, nullptr, y.data_ptr<float>(), p0, p1);
     return;
   }
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
   modelplex_linear_bf16::linear_panels(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M,
                                        M == 1 ? 0 : K, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
-                                       K / 2, nullptr, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n,
-                                       p.first, p.first + p.count);
+                                       K / 2, nullptr, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), n, p0, p1);
 #endif
 }
 
-// silu(gate) * up on rows [first, first + count) of h [M, 2 inter] into act [M, inter].
-void swiglu_rows(const at::Tensor& h, const at::Tensor& act, Share rows) {
-  const int64_t inter = act.size(1);
+// This thread's share of the panels.
+void linear_part(const at::Tensor& x, const at::Tensor& packed, int64_t n, const at::Tensor& y, int part, int parts) {
+  linear_panels_of(x, packed, n, y, share(packed.size(0), part, parts));
+}
+
+// act [M, inter] columns [c0, c0 + width) = silu(gate) * up of h [M, 2 inter], every row.
+void swiglu_columns(const at::Tensor& h, const at::Tensor& act, int64_t c0, int64_t width) {
+  const int64_t M = h.size(0), inter = act.size(1);
   if (h.scalar_type() == at::kFloat) {
-    modelplex_swiglu::silu_and_mul_f32(h.data_ptr<float>() + rows.first * 2 * inter,
-                                       act.data_ptr<float>() + rows.first * inter, rows.count, inter);
+    const float* g = h.data_ptr<float>() + c0;
+    modelplex_swiglu::silu_and_mul_rows_f32(g, g + inter, 2 * inter, act.data_ptr<float>() + c0, inter, 0, M, width);
   } else {
-    modelplex_swiglu::silu_and_mul_bf16(h.data_ptr<at::BFloat16>() + rows.first * 2 * inter,
-                                        act.data_ptr<at::BFloat16>() + rows.first * inter, rows.count, inter);
+    const at::BFloat16* g = h.data_ptr<at::BFloat16>() + c0;
+    modelplex_swiglu::silu_and_mul_rows_bf16(g, g + inter, 2 * inter, act.data_ptr<at::BFloat16>() + c0, inter, 0, M,
+                                             width);
   }
 }
 
-using Norm = at::Tensor(const at::Tensor&, const at::Tensor&, double);
-using AddNorm = void(at::Tensor, at::Tensor, const at::Tensor&, double);
-using Rotary = void(at::Tensor, const at::Tensor&, const at::Tensor&);
-using Store = void(const at::Tensor&, const at::Tensor&, at::Tensor, at::Tensor, const at::Tensor&);
+// The MLP's gate/up product and silu(gate) * up, gate's and up's columns filling whole panels (P each): the
+// thread takes gate's panels [a, b) and up's [a + P, b + P) and runs silu(gate) * up on its own columns right
+// after, all rows, with no barrier between.
+void gate_up_swiglu(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& h, const at::Tensor& act,
+                    int part, int parts) {
+  const int64_t n = h.size(1), panel = panel_width(x.scalar_type()), P = n / 2 / panel;
+  const Share gate = share(P, part, parts);
+  linear_panels_of(x, packed, n, h, gate);
+  linear_panels_of(x, packed, n, h, {gate.first + P, gate.count});
+  swiglu_columns(h, act, gate.first * panel, gate.count * panel);
+}
+
+// The thread's rows of a layer's norm: x = RMSNorm(residual) at the first layer (add false), else residual += x,
+// x = RMSNorm(residual); rows [M, n] contiguous. xf: n floats of scratch.
+template <typename T>
+void norm_rows(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps, bool add,
+               Share rows, float* xf) {
+  const int64_t n = x.size(1);
+  T *xs = x.data_ptr<T>(), *rs = residual.data_ptr<T>();
+  const T* w = weight.data_ptr<T>();
+  for (int64_t t = rows.first; t < rows.first + rows.count; ++t) {
+    if (add) {
+      modelplex_rows::add_rms_norm_row(xs + t * n, rs + t * n, w, n, eps, xf);
+    } else {
+      modelplex_rows::rms_norm_row(rs + t * n, w, xs + t * n, n, eps, xf);
+    }
+  }
+}
 
 // A thread's sequences (at fewer sequences than threads, its K/V heads and their query heads): views of the
 // step's q/k/v rows, tables and attention output, the same at every layer.
@@ -112,13 +147,30 @@ struct AttentionPart {
   at::Tensor qk, q, k, v, cos, sin, slots, block_tables, context_lens, out;
 };
 
+// Where the sequences of part k of `parts` begin: the sequences split in contiguous runs whose context lengths
+// (what the attention reads, most of its time) plus a fixed cost each add up about alike. Split by count, the
+// variable workload's lengths (tens to ~1.6k tokens) left one thread waiting at the barrier after attention.
+int64_t context_boundary(const int32_t* lens, int64_t M, int k, int parts) {
+  constexpr int64_t kSequenceCost = 16;  // rotary, K/V store and the attention's setup, in tokens read
+  if (k == 0 || k == parts) return k == 0 ? 0 : M;
+  int64_t total = 0;
+  for (int64_t i = 0; i < M; ++i) total += lens[i] + kSequenceCost;
+  const int64_t target = total * k / parts;
+  int64_t before = 0, i = 0;
+  for (; i < M && before + lens[i] + kSequenceCost <= target; ++i) before += lens[i] + kSequenceCost;
+  // i: the last boundary at or below the target; i + 1 if that one is nearer
+  return i < M && before + lens[i] + kSequenceCost - target < target - before ? i + 1 : i;
+}
+
 // q_k_v [M, (heads + 2 kv heads) * head_dim] -> attn [M, heads * head_dim]; empty where the thread has none.
 std::optional<AttentionPart> attention_part(const at::Tensor& q_k_v, const at::Tensor& attn,
                                             const modelplex_dense::DecodeStep& s, int part, int parts) {
   const int64_t M = q_k_v.size(0), nh = s.num_heads, nkv = s.num_kv_heads, group = nh / nkv;
   const int64_t head_dim = q_k_v.size(1) / (nh + 2 * nkv);
   const bool by_heads = M < parts;
-  const Share mine = share(by_heads ? nkv : M, part, parts);
+  const int32_t* lens = s.context_lens.data_ptr<int32_t>();
+  const int64_t first = context_boundary(lens, M, part, parts);
+  const Share mine = by_heads ? share(nkv, part, parts) : Share{first, context_boundary(lens, M, part + 1, parts) - first};
   if (mine.count == 0) return std::nullopt;
   const int64_t t0 = by_heads ? 0 : mine.first, tokens = by_heads ? M : mine.count;
   const int64_t kv0 = by_heads ? mine.first : 0, kv = by_heads ? mine.count : nkv;
@@ -131,21 +183,71 @@ std::optional<AttentionPart> attention_part(const at::Tensor& q_k_v, const at::T
                        attn.narrow(0, t0, tokens).view({tokens, nh, head_dim}).narrow(1, kv0 * group, kv * group)};
 }
 
-// The part's rotary, K/V store and attention at one layer (its caches), with no barrier between them.
-void attend(const AttentionPart& a, const at::Tensor& k_cache_all, const at::Tensor& v_cache_all, double scale) {
-  static const auto rotary = op<Rotary>("modelplex_cpu::rotary_embedding");
-  static const auto store = op<Store>("modelplex_cpu::store_kvcache");
-  if (a.by_heads) {
-    rotary.call(a.q, a.cos, a.sin);
-    rotary.call(a.k, a.cos, a.sin);
-  } else {
-    rotary.call(a.qk, a.cos, a.sin);  // q and k heads side by side: one rotation covers both, as the op by op path
+// The part's rotary and K/V store at one layer, called directly (decode_step checked the shapes, the dtypes and
+// the slots first). scratch: 3 head_dim floats.
+template <typename T>
+void rotate_and_store(const AttentionPart& a, const at::Tensor& k_cache, const at::Tensor& v_cache, float* scratch) {
+  const int64_t tokens = a.qk.size(0), dim = a.qk.size(2), block_size = k_cache.size(1);
+  const int64_t* slots = a.slots.data_ptr<int64_t>();
+  const T *cos = a.cos.data_ptr<T>(), *sin = a.sin.data_ptr<T>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T *c = cos + t * dim, *s = sin + t * dim;
+    if (a.by_heads) {
+      modelplex_rows::rotate_row(a.q.data_ptr<T>() + t * a.q.stride(0), a.q.size(1), a.q.stride(1), dim, c, s, scratch);
+      modelplex_rows::rotate_row(a.k.data_ptr<T>() + t * a.k.stride(0), a.k.size(1), a.k.stride(1), dim, c, s, scratch);
+    } else {  // q and k heads side by side: one rotation covers both, as the op by op path
+      modelplex_rows::rotate_row(a.qk.data_ptr<T>() + t * a.qk.stride(0), a.qk.size(1), a.qk.stride(1), dim, c, s,
+                                 scratch);
+    }
+    if (slots[t] < 0) continue;  // padding
+    const int64_t block = slots[t] / block_size, offset = slots[t] % block_size;
+    for (const at::Tensor* src : {&a.k, &a.v}) {
+      const at::Tensor& cache = src == &a.k ? k_cache : v_cache;
+      const T* in = src->data_ptr<T>() + t * src->stride(0);
+      T* row = cache.data_ptr<T>() + block * cache.stride(0) + offset * cache.stride(1) + a.kv0 * cache.stride(2);
+      for (int64_t h = 0; h < a.kv; ++h) std::memcpy(row + h * cache.stride(2), in + h * src->stride(1), dim * sizeof(T));
+    }
   }
-  const at::Tensor k_cache = a.by_heads ? k_cache_all.narrow(2, a.kv0, a.kv) : k_cache_all;
-  const at::Tensor v_cache = a.by_heads ? v_cache_all.narrow(2, a.kv0, a.kv) : v_cache_all;
-  store.call(a.k, a.v, k_cache, v_cache, a.slots);
+}
+
+// The part's rotary, K/V store and attention at one layer (its caches), with no barrier between them.
+void attend(const AttentionPart& a, const at::Tensor& k_cache, const at::Tensor& v_cache, double scale,
+            float* scratch) {
+  if (a.qk.scalar_type() == at::kFloat) {
+    rotate_and_store<float>(a, k_cache, v_cache, scratch);
+  } else {
+    rotate_and_store<at::BFloat16>(a, k_cache, v_cache, scratch);
+  }
+  const at::Tensor k_heads = a.by_heads ? k_cache.narrow(2, a.kv0, a.kv) : k_cache;
+  const at::Tensor v_heads = a.by_heads ? v_cache.narrow(2, a.kv0, a.kv) : v_cache;
   at::Tensor out = a.out;
-  modelplex_attention::paged_decode_attention_into(a.q, k_cache, v_cache, a.block_tables, a.context_lens, scale, out);
+  modelplex_attention::paged_decode_attention_into(a.q, k_heads, v_heads, a.block_tables, a.context_lens, scale, out);
+}
+
+// Whether the step's norms, rotary tables, slots and caches are what norm_rows and rotate_and_store read (the
+// ops' checks, and every slot inside every cache).
+bool small_ops_apply(const modelplex_dense::Layers& w, const modelplex_dense::DecodeStep& s, at::ScalarType dtype,
+                     int64_t M, int64_t H, int64_t head_dim) {
+  for (const auto* t : {&s.cos, &s.sin}) {
+    if (t->scalar_type() != dtype || !t->is_contiguous() || t->numel() != M * head_dim) return false;
+  }
+  const at::Tensor& lens = s.context_lens;
+  if (lens.scalar_type() != at::kInt || lens.dim() != 1 || lens.size(0) != M || !lens.is_contiguous()) return false;
+  const at::Tensor& slots = s.slot_mapping;
+  if (slots.scalar_type() != at::kLong || slots.dim() != 1 || slots.size(0) != M || !slots.is_contiguous()) return false;
+  const int64_t max_slot = slots.max().item<int64_t>();
+  for (int64_t i = 0; i < static_cast<int64_t>(w.qkv.size()); ++i) {
+    for (const auto* n : {&w.input_norms[i], &w.post_norms[i]}) {
+      if (n->scalar_type() != dtype || n->dim() != 1 || !n->is_contiguous() || n->size(0) != H) return false;
+    }
+    for (const auto* c : {&w.k_caches[i], &w.v_caches[i]}) {
+      if (c->scalar_type() != dtype || c->dim() != 4 || c->stride(3) != 1 || c->size(2) != s.num_kv_heads ||
+          c->size(3) != head_dim || max_slot >= c->size(0) * c->size(1)) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 int64_t dense_decode_steps() { return steps_run.load(); }
@@ -162,7 +264,7 @@ at::Tensor modelplex_dense::decode_step(const at::Tensor& x, const Layers& w, co
   }
   const int64_t M = x.size(0), H = x.size(1), n_qkv = s.out_features[0], n_gate_up = s.out_features[2];
   if (n_qkv % (s.num_heads + 2 * s.num_kv_heads) != 0 || s.out_features[1] != H || s.out_features[3] != H ||
-      n_gate_up % 2 != 0) {
+      n_gate_up % (2 * panel_width(dtype)) != 0) {
     return {};
   }
   const int64_t head_dim = n_qkv / (s.num_heads + 2 * s.num_kv_heads), inter = n_gate_up / 2;
@@ -173,8 +275,7 @@ at::Tensor modelplex_dense::decode_step(const at::Tensor& x, const Layers& w, co
       return {};
     }
   }
-  static const auto norm = op<Norm>("modelplex_cpu::rms_norm");
-  static const auto add_norm = op<AddNorm>("modelplex_cpu::fused_add_rms_norm");
+  if (!small_ops_apply(w, s, dtype, M, H, head_dim)) return {};
   const auto opts = x.options();
   // y: each layer's MLP output, normed in place into the next one's input (the first layer's: the embeddings
   // normed); o_out likewise into the MLP's input.
@@ -185,38 +286,27 @@ at::Tensor modelplex_dense::decode_step(const at::Tensor& x, const Layers& w, co
   modelplex_team::SpinBarrier barrier(parts);
   modelplex_team::FirstError error;
   const bool inference = c10::InferenceMode::is_enabled();  // thread-local: the team's threads take the caller's
+  const auto norm = dtype == at::kFloat ? norm_rows<float> : norm_rows<at::BFloat16>;
   auto run = [&](int part) {
     c10::InferenceMode mode(inference);
     const Share rows = share(M, part, parts);
-    const at::Tensor y_rows = y.narrow(0, rows.first, rows.count), o_rows = o_out.narrow(0, rows.first, rows.count);
-    const at::Tensor residual_rows = residual.narrow(0, rows.first, rows.count);
+    std::vector<float> scratch(std::max(H, 3 * head_dim));
     std::optional<AttentionPart> attention;
     error.guard([&] { attention = attention_part(q_k_v, attn, s, part, parts); });
     for (int64_t i = 0; i < L; ++i) {
-      error.guard([&] {
-        if (rows.count == 0) return;
-        if (i == 0) {
-          y_rows.copy_(norm.call(residual_rows, w.input_norms[0], s.eps));
-        } else {
-          add_norm.call(y_rows, residual_rows, w.input_norms[i], s.eps);
-        }
-      });
+      error.guard([&] { norm(y, residual, w.input_norms[i], s.eps, i > 0, rows, scratch.data()); });
       barrier.wait();
       error.guard([&] { linear_part(y, w.qkv[i], n_qkv, q_k_v, part, parts); });
       barrier.wait();
       error.guard([&] {
-        if (attention) attend(*attention, w.k_caches[i], w.v_caches[i], s.scale);
+        if (attention) attend(*attention, w.k_caches[i], w.v_caches[i], s.scale, scratch.data());
       });
       barrier.wait();
       error.guard([&] { linear_part(attn, w.o[i], H, o_out, part, parts); });
       barrier.wait();
-      error.guard([&] {
-        if (rows.count > 0) add_norm.call(o_rows, residual_rows, w.post_norms[i], s.eps);
-      });
+      error.guard([&] { norm(o_out, residual, w.post_norms[i], s.eps, true, rows, scratch.data()); });
       barrier.wait();
-      error.guard([&] { linear_part(o_out, w.gate_up[i], n_gate_up, h, part, parts); });
-      barrier.wait();
-      error.guard([&] { swiglu_rows(h, act, rows); });
+      error.guard([&] { gate_up_swiglu(o_out, w.gate_up[i], h, act, part, parts); });
       barrier.wait();
       error.guard([&] { linear_part(act, w.down[i], H, y, part, parts); });
       barrier.wait();

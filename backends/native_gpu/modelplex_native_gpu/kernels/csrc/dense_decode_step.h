@@ -23,7 +23,8 @@ struct DecodeStep {
 
 // Every layer of a decode-only step in one parallel region, then x + residual: bit for bit dense_layers' op by op
 // path. Undefined where it does not apply (not the fp32 or bf16 panels of csrc/linear*.cpp at the shapes they
-// take): the caller then runs the op by op path, which reports what is wrong.
+// take, or gate's and up's columns not whole panels): the caller then runs the op by op path, which reports what
+// is wrong where something is.
 at::Tensor decode_step(const at::Tensor& x, const Layers& w, const DecodeStep& s);
 
 }  // namespace modelplex_dense

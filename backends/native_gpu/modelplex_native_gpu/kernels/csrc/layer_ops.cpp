@@ -11,50 +11,18 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "layer_rows.h"
 #include "swiglu.h"
 
-#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kLanes = 8;
-
-using modelplex_swiglu::bf16_to_float;
-using modelplex_swiglu::float_to_bf16;
-using modelplex_swiglu::round_bf16;
-
-// HF's LlamaRMSNorm on one row: weight * (x * rsqrt(mean(x^2) + eps)).
-inline void rms_norm_row(const float* x, const float* weight, float* out, int64_t n, double eps) {
-  float partial[kLanes] = {0};  // independent lanes: the compiler vectorizes this loop
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) partial[j] += x[i + j] * x[i + j];
-  }
-  float sum = 0.f;
-  for (int64_t j = 0; j < kLanes; ++j) sum += partial[j];
-  for (; i < n; ++i) sum += x[i] * x[i];
-  const float scale = 1.f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
-  for (i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * scale);
-}
-
-// rms_norm_row for bf16 rows: statistics in fp32 over the bf16 values, as RMSNorm.forward computes them.
-void rms_norm_row_bf16(const at::BFloat16* x, const at::BFloat16* weight, at::BFloat16* out, int64_t n, double eps,
-                       float* xf) {
-  for (int64_t i = 0; i < n; ++i) xf[i] = bf16_to_float(x[i]);
-  float partial[kLanes] = {0};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) partial[j] += xf[i + j] * xf[i + j];
-  }
-  float sum = 0.f;
-  for (int64_t j = 0; j < kLanes; ++j) sum += partial[j];
-  for (; i < n; ++i) sum += xf[i] * xf[i];
-  const float scale = 1.f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
-  for (i = 0; i < n; ++i) xf[i] = round_bf16(bf16_to_float(weight[i]) * round_bf16(xf[i] * scale));
-  for (i = 0; i < n; ++i) out[i] = float_to_bf16(xf[i]);
-}
+using modelplex_rows::add_rms_norm_row;
+using modelplex_rows::rms_norm_row;
+using modelplex_rows::rotate_row;
 
 bool is_float_or_bf16(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
@@ -76,7 +44,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     at::BFloat16* o = out.data_ptr<at::BFloat16>();
     at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
       std::vector<float> xf(n);
-      for (int64_t t = begin; t < end; ++t) rms_norm_row_bf16(in + t * n, w, o + t * n, n, eps, xf.data());
+      for (int64_t t = begin; t < end; ++t) rms_norm_row(in + t * n, w, o + t * n, n, eps, xf.data());
     });
     return out;
   }
@@ -99,57 +67,29 @@ void fused_add_rms_norm(at::Tensor x, at::Tensor residual, const at::Tensor& wei
     at::BFloat16 *xs = x.data_ptr<at::BFloat16>(), *rs = residual.data_ptr<at::BFloat16>();
     at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
       std::vector<float> xf(n);
-      for (int64_t t = begin; t < end; ++t) {
-        at::BFloat16 *r = rs + t * n, *row = xs + t * n;
-        for (int64_t i = 0; i < n; ++i) xf[i] = round_bf16(bf16_to_float(r[i]) + bf16_to_float(row[i]));
-        for (int64_t i = 0; i < n; ++i) r[i] = float_to_bf16(xf[i]);
-        rms_norm_row_bf16(r, w, row, n, eps, xf.data());
-      }
+      for (int64_t t = begin; t < end; ++t) add_rms_norm_row(xs + t * n, rs + t * n, w, n, eps, xf.data());
     });
     return;
   }
   const float* w = weight.data_ptr<float>();
   float *xs = x.data_ptr<float>(), *rs = residual.data_ptr<float>();
   at::parallel_for(0, x.size(0), 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      float* r = rs + t * n;
-      float* row = xs + t * n;
-      for (int64_t i = 0; i < n; ++i) r[i] = r[i] + row[i];
-      rms_norm_row(r, w, row, n, eps);
-    }
+    for (int64_t t = begin; t < end; ++t) add_rms_norm_row(xs + t * n, rs + t * n, w, n, eps, nullptr);
   });
 }
 
-// HF's rotate_half convention, in place on [tokens, heads, head_dim] (heads may be a strided slice):
-// x1' = x1 * cos1 - x2 * sin1, x2' = x2 * cos2 + x1 * sin2 (halves of head_dim). cos/sin: [tokens, head_dim].
-// bf16: the same rotation with every product and sum rounded to bf16 (cos/sin bf16, as the model's table).
-void rotary_embedding_bf16(at::Tensor qk, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t tokens = qk.size(0), heads = qk.size(1), dim = qk.size(2), half = dim / 2;
-  const at::BFloat16 *c = cos.data_ptr<at::BFloat16>(), *s = sin.data_ptr<at::BFloat16>();
-  at::BFloat16* base = qk.data_ptr<at::BFloat16>();
+// HF's rotate_half convention, in place on [tokens, heads, head_dim] (heads may be a strided slice); cos/sin:
+// [tokens, head_dim]. bf16: every product and sum rounded to bf16 (layer_rows.h).
+template <typename T>
+void rotate_rows(at::Tensor qk, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t tokens = qk.size(0), heads = qk.size(1), dim = qk.size(2);
+  const T *c = cos.data_ptr<T>(), *s = sin.data_ptr<T>();
+  T* base = qk.data_ptr<T>();
   const int64_t token_stride = qk.stride(0), head_stride = qk.stride(1);
   at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> ct(dim), st(dim), a(half), b(half);
+    std::vector<float> scratch(std::is_same_v<T, float> ? 0 : 3 * dim);  // bf16's
     for (int64_t t = begin; t < end; ++t) {
-      for (int64_t i = 0; i < dim; ++i) {
-        ct[i] = bf16_to_float(c[t * dim + i]);
-        st[i] = bf16_to_float(s[t * dim + i]);
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        at::BFloat16* x = base + t * token_stride + h * head_stride;
-        for (int64_t i = 0; i < half; ++i) {
-          a[i] = bf16_to_float(x[i]);
-          b[i] = bf16_to_float(x[i + half]);
-        }
-        for (int64_t i = 0; i < half; ++i) {
-          a[i] = round_bf16(round_bf16(a[i] * ct[i]) + round_bf16(-b[i] * st[i]));
-          b[i] = round_bf16(round_bf16(b[i] * ct[i + half]) + round_bf16(bf16_to_float(x[i]) * st[i + half]));
-        }
-        for (int64_t i = 0; i < half; ++i) {
-          x[i] = float_to_bf16(a[i]);
-          x[i + half] = float_to_bf16(b[i]);
-        }
-      }
+      rotate_row(base + t * token_stride, heads, head_stride, dim, c + t * dim, s + t * dim, scratch.data());
     }
   });
 }
@@ -157,29 +97,14 @@ void rotary_embedding_bf16(at::Tensor qk, const at::Tensor& cos, const at::Tenso
 void rotary_embedding(at::Tensor qk, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(is_float_or_bf16(qk) && qk.dim() == 3 && qk.stride(2) == 1,
               "qk: expected fp32 or bf16 [tokens, heads, head_dim]");
-  const int64_t tokens = qk.size(0), heads = qk.size(1), dim = qk.size(2), half = dim / 2;
+  const int64_t tokens = qk.size(0), dim = qk.size(2);
   TORCH_CHECK(dim % 2 == 0, "head_dim must be even");
   for (const auto* t : {&cos, &sin}) {
     TORCH_CHECK(t->scalar_type() == qk.scalar_type() && t->is_contiguous() && t->numel() == tokens * dim,
                 "cos/sin: expected contiguous [tokens, head_dim] in the dtype of qk");
   }
-  if (qk.scalar_type() == at::kBFloat16) return rotary_embedding_bf16(qk, cos, sin);
-  const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
-  float* base = qk.data_ptr<float>();
-  const int64_t token_stride = qk.stride(0), head_stride = qk.stride(1);
-  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float *ct = c + t * dim, *st = s + t * dim;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* x = base + t * token_stride + h * head_stride;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = x[i], b = x[i + half];
-          x[i] = a * ct[i] + (-b) * st[i];
-          x[i + half] = b * ct[i + half] + a * st[i + half];
-        }
-      }
-    }
-  });
+  if (qk.scalar_type() == at::kBFloat16) return rotate_rows<at::BFloat16>(qk, cos, sin);
+  rotate_rows<float>(qk, cos, sin);
 }
 
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {

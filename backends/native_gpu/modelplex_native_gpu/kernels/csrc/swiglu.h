@@ -65,23 +65,30 @@ inline __m512 silu_mul_ps(__m512 g, __m512 u) {
 
 #endif
 
+// o[t][0:n] = silu(g[t][0:n]) * u[t][0:n] for tokens t in [begin, end) (rows of g and u ld_in apart, of o ld_out):
+// each value by the same arithmetic whatever the rows and columns a call covers.
+inline void silu_and_mul_rows_f32(const float* g0, const float* u0, int64_t ld_in, float* o, int64_t ld_out,
+                                  int64_t begin, int64_t end, int64_t n) {
+  for (int64_t t = begin; t < end; ++t) {
+    const float *g = g0 + t * ld_in, *u = u0 + t * ld_in;
+    float* row = o + t * ld_out;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(row + i, silu_mul_ps(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
+    if (i < n) {
+      const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+      _mm512_mask_storeu_ps(row + i, tail, silu_mul_ps(_mm512_maskz_loadu_ps(tail, g + i), _mm512_maskz_loadu_ps(tail, u + i)));
+      i = n;
+    }
+#endif
+    for (; i < n; ++i) row[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  }
+}
+
 // rows [tokens, 2n] (gate, then up, as gate_up_proj writes them) -> o [tokens, n].
 inline void silu_and_mul_f32(const float* in, float* o, int64_t tokens, int64_t n) {
   at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float *g = in + t * 2 * n, *u = g + n;
-      float* row = o + t * n;
-      int64_t i = 0;
-#ifdef __AVX512F__
-      for (; i + 16 <= n; i += 16) _mm512_storeu_ps(row + i, silu_mul_ps(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
-      if (i < n) {
-        const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(row + i, tail, silu_mul_ps(_mm512_maskz_loadu_ps(tail, g + i), _mm512_maskz_loadu_ps(tail, u + i)));
-        i = n;
-      }
-#endif
-      for (; i < n; ++i) row[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-    }
+    silu_and_mul_rows_f32(in, in + n, 2 * n, o, n, begin, end, n);
   });
 }
 
@@ -112,23 +119,30 @@ inline void store_bf16(c10::BFloat16* out, __m512 x) {  // x already rounded: it
 }
 #endif
 
+// silu_and_mul_rows_f32 on bf16 rows. The last n % 16 columns take a scalar exp (on AVX512 too): calls that split
+// a row's columns give the same bits where they split at multiples of 16.
+inline void silu_and_mul_rows_bf16(const c10::BFloat16* g0, const c10::BFloat16* u0, int64_t ld_in, c10::BFloat16* o,
+                                   int64_t ld_out, int64_t begin, int64_t end, int64_t n) {
+  for (int64_t t = begin; t < end; ++t) {
+    const c10::BFloat16 *g = g0 + t * ld_in, *u = u0 + t * ld_in;
+    c10::BFloat16* row = o + t * ld_out;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 gv = load_bf16(g + i);
+      const __m512 silu = round_bf16_ps(_mm512_div_ps(gv, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv)))));
+      store_bf16(row + i, round_bf16_ps(_mm512_mul_ps(silu, load_bf16(u + i))));
+    }
+#endif
+    for (; i < n; ++i) row[i] = float_to_bf16(silu_mul_scalar(bf16_to_float(g[i]), bf16_to_float(u[i])));
+  }
+}
+
 // bf16 rows [tokens, 2n] -> o [tokens, n].
 inline void silu_and_mul_bf16(const c10::BFloat16* in, c10::BFloat16* o, int64_t tokens, int64_t n) {
   at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const c10::BFloat16 *g = in + t * 2 * n, *u = g + n;
-      c10::BFloat16* row = o + t * n;
-      int64_t i = 0;
-#ifdef __AVX512F__
-      const __m512 one = _mm512_set1_ps(1.f);
-      for (; i + 16 <= n; i += 16) {
-        const __m512 gv = load_bf16(g + i);
-        const __m512 silu = round_bf16_ps(_mm512_div_ps(gv, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv)))));
-        store_bf16(row + i, round_bf16_ps(_mm512_mul_ps(silu, load_bf16(u + i))));
-      }
-#endif
-      for (; i < n; ++i) row[i] = float_to_bf16(silu_mul_scalar(bf16_to_float(g[i]), bf16_to_float(u[i])));
-    }
+    silu_and_mul_rows_bf16(in, in + n, 2 * n, o, n, begin, end, n);
   });
 }
 
