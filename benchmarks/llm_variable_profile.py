@@ -48,26 +48,7 @@ def ab(args) -> None:
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", "--dtype", args.dtype,
                                        "--threads", str(args.threads), "--subset", str(args.subset)],
                                       env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-    for p in procs:
-        while p.stdout.readline().strip() != "ready":
-            if p.poll() is not None:
-                raise SystemExit("a worker failed to start")
-    rounds = []
-    for r in range(args.runs):
-        row, loads = [], []
-        for p in procs:
-            W.wait_quiet(timeout_s=args.quiet_s)
-            p.stdin.write("run\n")
-            p.stdin.flush()
-            res = json.loads(p.stdout.readline())
-            row.append(res["tok_s"])
-            loads.append(res["foreign_cores"])
-        rounds.append(row)
-        print(f"round {r + 1}: " + ", ".join(f"{t:.1f}" for t in row) + f" tok/s, B/A {row[1] / row[0]:.3f}, "
-              "foreign cores " + ", ".join(f"{x:.2f}" for x in loads), flush=True)
-    for p in procs:
-        p.stdin.close()
-        p.wait()
+    rounds = W.paired_rounds(procs, args.runs, args.quiet_s)
     print(f"\nvariable[:{args.subset}], {args.dtype}, {args.threads} threads; A={trees[0]} B={trees[1]}")
     print(f"A tok/s median {statistics.median(r[0] for r in rounds):.1f}, "
           f"B {statistics.median(r[1] for r in rounds):.1f}, B/A per round {[round(r[1] / r[0], 3) for r in rounds]}, "

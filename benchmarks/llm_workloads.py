@@ -110,3 +110,29 @@ def wait_quiet(max_foreign_cores: float = 0.5, timeout_s: float = 120.0, window_
             time.sleep(window_s)
         if load.foreign_cores < max_foreign_cores or time.monotonic() > deadline:
             return load.foreign_cores
+
+
+def paired_rounds(procs, runs: int, quiet_s: float) -> list[list[float]]:
+    """A/B worker processes (one tree each) that print "ready" once built and answer each "run" line with one
+    run's JSON: `runs` rounds, every worker once a round in turn after a quiet window, each round printed with
+    its B/A and foreign load; the workers are closed at the end. Returns each round's tok/s, one per worker."""
+    for p in procs:
+        while p.stdout.readline().strip() != "ready":
+            if p.poll() is not None:
+                raise SystemExit("a worker failed to start")
+    rounds = []
+    for r in range(runs):
+        row = []
+        for p in procs:
+            wait_quiet(timeout_s=quiet_s)
+            p.stdin.write("run\n")
+            p.stdin.flush()
+            row.append(json.loads(p.stdout.readline()))
+        rounds.append([x["tok_s"] for x in row])
+        print(f"round {r + 1}: " + ", ".join(f"{x['tok_s']:.1f}" for x in row)
+              + f" tok/s, B/A {row[1]['tok_s'] / row[0]['tok_s']:.3f}, foreign cores "
+              + ", ".join(f"{x['foreign_cores']:.2f}" for x in row), flush=True)
+    for p in procs:
+        p.stdin.close()
+        p.wait()
+    return rounds
