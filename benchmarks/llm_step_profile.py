@@ -227,16 +227,21 @@ def main() -> None:
     if args.mode == "ab":
         return ab(args)
     engine = make_engine(args.dtype, args.threads, args.max_num_batched_tokens)
-    items = W.peer_workload(64, 128, 128)
+    print_profile(engine, W.peer_workload(64, 128, 128), args.dtype, args.quiet_s, profiled_run)
+
+
+def print_profile(engine, items, dtype: str, quiet_s: float, profiled) -> None:
+    """An untimed run, one with phase timers and one under `profiled` (each after a quiet window), printed as
+    tok/s, the foreign load of each and render_profile's tables."""
     runs = {}
-    for name, run in (("untimed", run_once), ("timers", timed_run), ("profiler", profiled_run)):
-        W.wait_quiet(timeout_s=args.quiet_s)
+    for name, run in (("untimed", run_once), ("timers", timed_run), ("profiler", profiled)):
+        W.wait_quiet(timeout_s=quiet_s)
         with W.CpuLoad() as load:
             runs[name] = run(engine, items)
         runs[name + " foreign cores"] = load.foreign_cores
     print(f"tok/s (untimed run): {runs['untimed']:.1f}; foreign cores during the untimed / timers / profiler runs: "
           + " / ".join(f"{runs[k + ' foreign cores']:.2f}" for k in ("untimed", "timers", "profiler")), flush=True)
-    print(render_profile(args.dtype, runs["timers"], runs["profiler"]))
+    print(render_profile(dtype, runs["timers"], runs["profiler"]))
 
 
 if __name__ == "__main__":

@@ -94,17 +94,8 @@ def profiled_run(engine, items) -> dict:
 
 
 def profile(args) -> None:
-    engine = P.make_engine(args.dtype, args.threads)
-    items = subset(args.subset)
-    runs = {}
-    for name, run in (("untimed", P.run_once), ("timers", P.timed_run), ("profiler", profiled_run)):
-        W.wait_quiet(timeout_s=args.quiet_s)
-        with W.CpuLoad() as load:
-            runs[name] = run(engine, items)
-        runs[name + " foreign cores"] = load.foreign_cores
-    print(f"tok/s (untimed run): {runs['untimed']:.1f}; foreign cores during the untimed / timers / profiler runs: "
-          + " / ".join(f"{runs[k + ' foreign cores']:.2f}" for k in ("untimed", "timers", "profiler")), flush=True)
-    print(P.render_profile(args.dtype, runs["timers"], runs["profiler"]))
+    P.print_profile(P.make_engine(args.dtype, args.threads), subset(args.subset), args.dtype, args.quiet_s,
+                    profiled_run)
 
 
 def main() -> None:
