@@ -19,10 +19,9 @@ using modelplex_swiglu::round_bf16;
 
 constexpr int64_t kLanes = 8;
 
-// HF's LlamaRMSNorm on one row: weight * (x * rsqrt(mean(x^2) + eps)). xf: unused (bf16's scratch).
-inline void rms_norm_row(const float* x, const float* weight, float* out, int64_t n, double eps,
-                         float* /*xf*/ = nullptr) {
-  float partial[kLanes] = {0};  // independent lanes: the compiler vectorizes this loop
+// 1 / sqrt(mean(x^2) + eps) over an fp32 row, the sum in kLanes independent lanes (the compiler vectorizes it).
+inline float inverse_rms(const float* x, int64_t n, double eps) {
+  float partial[kLanes] = {0};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int64_t j = 0; j < kLanes; ++j) partial[j] += x[i + j] * x[i + j];
@@ -30,8 +29,14 @@ inline void rms_norm_row(const float* x, const float* weight, float* out, int64_
   float sum = 0.f;
   for (int64_t j = 0; j < kLanes; ++j) sum += partial[j];
   for (; i < n; ++i) sum += x[i] * x[i];
-  const float scale = 1.f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
-  for (i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * scale);
+  return 1.f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
+}
+
+// HF's LlamaRMSNorm on one row: weight * (x * rsqrt(mean(x^2) + eps)). xf: unused (bf16's scratch).
+inline void rms_norm_row(const float* x, const float* weight, float* out, int64_t n, double eps,
+                         float* /*xf*/ = nullptr) {
+  const float scale = inverse_rms(x, n, eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * scale);
 }
 
 // rms_norm_row for bf16 rows: statistics in fp32 over the bf16 values, as RMSNorm.forward computes them.
@@ -39,17 +44,9 @@ inline void rms_norm_row(const float* x, const float* weight, float* out, int64_
 inline void rms_norm_row(const c10::BFloat16* x, const c10::BFloat16* weight, c10::BFloat16* out, int64_t n,
                          double eps, float* xf) {
   for (int64_t i = 0; i < n; ++i) xf[i] = bf16_to_float(x[i]);
-  float partial[kLanes] = {0};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) partial[j] += xf[i + j] * xf[i + j];
-  }
-  float sum = 0.f;
-  for (int64_t j = 0; j < kLanes; ++j) sum += partial[j];
-  for (; i < n; ++i) sum += xf[i] * xf[i];
-  const float scale = 1.f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
-  for (i = 0; i < n; ++i) xf[i] = round_bf16(bf16_to_float(weight[i]) * round_bf16(xf[i] * scale));
-  for (i = 0; i < n; ++i) out[i] = float_to_bf16(xf[i]);
+  const float scale = inverse_rms(xf, n, eps);
+  for (int64_t i = 0; i < n; ++i) xf[i] = round_bf16(bf16_to_float(weight[i]) * round_bf16(xf[i] * scale));
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(xf[i]);
 }
 
 // residual += x, then x = RMSNorm(residual), on one row. xf: unused (fp32), n floats of scratch (bf16).
