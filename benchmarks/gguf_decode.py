@@ -1,8 +1,9 @@
 """Single-stream decode on quantized GGUF files: our engine (weights kept quantized) vs the memory-bandwidth
 bound and llama.cpp's `llama-bench` tg128, measured side by side in the same run.
 
-Not a test. Example:
+Not a test. Examples:
   .venv/bin/python benchmarks/gguf_decode.py --dir /tmp/gguf-bench --llama-bench PATH/llama-bench
+  .venv/bin/python benchmarks/gguf_decode.py --ab /work/main,. --only 1b-Q4_0 --rounds 5   # two checkouts, paired
 Files: benchmarks/make_gguf.py's random SmolLM2-135M- and Llama-3.2-1B-shaped models in Q8_0 and Q4_0 (made
 in --dir when missing). Per round (--rounds), for each file: our decode, then llama-bench (-p 0 -n 128 -t 2
 -r 1), alternating, so both see the same machine; medians over rounds. Our decode: one request, a 16-token
@@ -24,7 +25,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "backends", "native_gpu"))
+if "--worker" not in sys.argv:  # an --ab worker takes the engine from its checkout's PYTHONPATH
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "backends", "native_gpu"))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
@@ -87,6 +89,42 @@ def llama_bench(binary: str, path: str) -> float | None:
     return float(json.loads(result.stdout)[0]["avg_ts"])
 
 
+def worker(path: str) -> None:
+    """Line protocol for --ab: prints 'ready', then one decode's tok/s (after a warm-up decode) per 'run' line."""
+    import llm_workloads as W
+
+    engine = make_engine(path)
+    import modelplex_native_gpu
+
+    print(f"worker engine from {os.path.dirname(modelplex_native_gpu.__file__)}", file=sys.stderr)
+    print("ready", flush=True)
+    for r, line in enumerate(sys.stdin):
+        if line.strip() != "run":
+            break
+        our_decode(engine, seed=1000 + r)
+        with W.CpuLoad() as load:
+            tok_s = our_decode(engine, seed=r)
+        print(json.dumps({"tok_s": tok_s, "foreign_cores": load.foreign_cores}), flush=True)
+
+
+def ab(trees: list[str], path: str, rounds: int) -> None:
+    """Our decode on one file from two checkouts (a worker process each, engines loaded once), A then B each
+    round, with the copy bandwidth before each round."""
+    import llm_workloads as W
+
+    procs = []
+    for tree in trees:
+        folders = ["platform", "backends/native_gpu"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.join(tree, f) for f in folders))
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", path], env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    print(f"copy {copy_bandwidth():.1f} GB/s before the rounds")
+    result = W.paired_rounds(procs, rounds, quiet_s=10.0)
+    print(f"copy {copy_bandwidth():.1f} GB/s after; {os.path.basename(path)} A={trees[0]} B={trees[1]}")
+    print(f"A tok/s median {statistics.median(r[0] for r in result):.1f}, B {statistics.median(r[1] for r in result):.1f}, "
+          f"B/A median {statistics.median(r[1] / r[0] for r in result):.3f}")
+
+
 def load_memory(path: str) -> dict:
     from helpers.load_memory import measure_load
 
@@ -102,8 +140,12 @@ def main():
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH", ""))
     ap.add_argument("--only", default="", help="comma-separated substrings of file names to run")
     ap.add_argument("--json", default="")
+    ap.add_argument("--ab", default="", help="two checkouts A,B: our decode only, paired (one file: --only)")
+    ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if args.worker:
+        return worker(args.worker)
     os.makedirs(args.dir, exist_ok=True)
     import make_gguf
 
@@ -116,6 +158,10 @@ def main():
             make_gguf.make(shape, type_name, path)
         paths.append(path)
     print(f"CPU flags: {cpu_flags()}; torch {torch.__version__}, 2 threads")
+    if args.ab:
+        if len(paths) != 1:
+            raise SystemExit("--ab measures one file: name it with --only")
+        return ab([os.path.abspath(t) for t in args.ab.split(",")], paths[0], args.rounds)
     memory = {p: load_memory(p) for p in paths}
     engines = {p: make_engine(p) for p in paths}
     has_llama = bool(args.llama_bench) and os.path.exists(args.llama_bench)
