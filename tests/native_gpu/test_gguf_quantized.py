@@ -82,9 +82,11 @@ def test_the_one_call_decode_step_and_layer_equal_the_layer_op_by_op(tmp_path, t
             del model.forward
         return captured
 
+    regions = torch.ops.modelplex_cpu.quant_region_steps()
     whole_step = hidden_states()
     repacked = model.layers[0].quantized_decode_weights()[1] >= 1000  # where the build has the 16-row kernels
     assert len(step_calls) == (10 if repacked else 0) and len(layer_calls) == (0 if repacked else 10 * len(model.layers))
+    assert torch.ops.modelplex_cpu.quant_region_steps() - regions == len(step_calls)  # not its layer by layer fallback
     monkeypatch.setattr(LlamaForCausalLM, "_decode_step_weights", lambda self, ropes: None)
     per_layer = hidden_states()
     assert len(layer_calls) == (10 if repacked else 20) * len(model.layers)

@@ -7,7 +7,10 @@
 // computes the norms, the int16 activations and silu(gate) * up itself (the same ops on the same values
 // as decode_layer.cpp's, so every copy holds the same bits), then multiplies its share of the weight's groups,
 // split as at::parallel_for splits them, and rotates, stores and attends with its share of the sequences (at
-// one sequence, of the K/V heads).
+// one sequence, of the K/V heads). The norms, rotary and K/V store are called directly on the rows
+// (decode_attention.h, layer_rows.h: the ops' own row functions), not through the dispatcher: through it, with
+// the views each layer cut, the attention stage took ~23 us a layer of a 1B model's single-stream step, ~4% of
+// it with the memory idle (paired, 1B Q4_0: +3% tok/s).
 // Every result is bit for bit decode_layer.cpp's.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -15,11 +18,14 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/library.h>
 
+#include "decode_attention.h"
+#include "layer_rows.h"
 #include "quant_gemm.h"
 #include "quant_repack.h"
 #include "step_team.h"
 #include "swiglu.h"
 
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -34,6 +40,8 @@ c10::TypedOperatorHandle<F> op(const char* name) {
 }
 
 using modelplex_team::SpinBarrier;
+
+std::atomic<int64_t> region_steps{0};  // steps run in the one region (not layer by layer): the tests check it
 
 // One thread's int16 activations.
 struct Activations {
@@ -96,7 +104,7 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
   for (int64_t t : types) {
     grouped = grouped && modelplex_quant::is_group16(t) && !modelplex_quant_gemm::prefers_quant_gemm(t, M);
   }
-  if (!grouped || L == 0) {  // one op call a layer
+  auto layer_by_layer = [&] {  // one op call a layer (each checks its inputs)
     static const auto layer = op<DecodeLayerFn>("modelplex_cpu::quant_decode_layer");
     at::Tensor h = at::zeros_like(x), residual = x.clone();
     for (int64_t i = 0; i < L; ++i) {
@@ -105,14 +113,8 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
                      slot_mapping, block_tables, context_lens, num_heads, num_kv_heads, scale);
     }
     return h + residual;
-  }
-  static const auto add_norm =
-      op<void(at::Tensor, at::Tensor, const at::Tensor&, double)>("modelplex_cpu::fused_add_rms_norm");
-  static const auto rotary = op<void(at::Tensor, const at::Tensor&, const at::Tensor&)>("modelplex_cpu::rotary_embedding");
-  static const auto store = op<void(const at::Tensor&, const at::Tensor&, at::Tensor, at::Tensor, const at::Tensor&)>(
-      "modelplex_cpu::store_kvcache");
-  static const auto attend = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                           const at::Tensor&, double)>("modelplex_cpu::paged_decode_attention");
+  };
+  if (!grouped || L == 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return layer_by_layer();
   for (int64_t i = 0; i < L; ++i) {
     for (const at::Tensor* w : {&qkv[i], &o[i], &gate_up[i], &down[i]}) {
       TORCH_CHECK(w->scalar_type() == at::kByte && w->dim() == 2 && w->is_contiguous(), "weights: expected uint8 rows");
@@ -123,6 +125,18 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
   }
   const int64_t n_qkv = qkv[0].size(0), inter = gate_up[0].size(0) / 2;
   const int64_t head_dim = n_qkv / (num_heads + 2 * num_kv_heads), q_size = num_heads * head_dim;
+  const modelplex_dense::DecodeStep step{eps, {}, cos, sin, slot_mapping, block_tables, context_lens, num_heads,
+                                         num_kv_heads, scale};
+  // The norms, rotary and K/V store run directly on the rows (no dispatcher): where the tensors are not what
+  // those read, the ops' own checks report it.
+  bool direct = n_qkv % (num_heads + 2 * num_kv_heads) == 0 &&
+                modelplex_decode::attention_applies(k_caches, v_caches, step, at::kFloat, M, head_dim);
+  for (int64_t i = 0; i < L; ++i) {
+    for (const at::Tensor* n : {&input_norms[i], &post_norms[i]}) {
+      direct = direct && n->scalar_type() == at::kFloat && n->dim() == 1 && n->is_contiguous() && n->size(0) == H;
+    }
+  }
+  if (!direct) return layer_by_layer();
   // Shared products; private per thread: the residual stream, the normed input, the activations.
   at::Tensor q_k_v = at::empty({M, n_qkv}, x.options()), o_out = at::empty({M, H}, x.options());
   at::Tensor h = at::empty({M, 2 * inter}, x.options()), y = at::zeros({M, H}, x.options());
@@ -146,38 +160,27 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
   const bool inference = c10::InferenceMode::is_enabled();  // thread-local: the team's threads take the caller's
   auto run = [&](int part) {
     c10::InferenceMode mode(inference);
-    at::Tensor& residual = residuals[part];
-    at::Tensor& xn = normed[part];
-    float* xn_ptr = xn.data_ptr<float>();
+    float* residual = residuals[part].data_ptr<float>();
+    float* xn_ptr = normed[part].data_ptr<float>();
     Activations a;
-    std::vector<float> act(M * inter);
+    std::vector<float> act(M * inter), scratch(3 * head_dim);
+    std::optional<modelplex_decode::AttentionPart> attention;
+    guarded([&] { attention = modelplex_decode::attention_part(q_k_v, attn, step, part, parts); });
+    // residual += x, then x = RMSNorm(residual), on the thread's own copy of every row
+    auto add_norm = [&](const at::Tensor& norm) {
+      for (int64_t t = 0; t < M; ++t) {
+        modelplex_rows::add_rms_norm_row(xn_ptr + t * H, residual + t * H, norm.data_ptr<float>(), H, eps, nullptr);
+      }
+    };
     for (int64_t i = 0; i < L; ++i) {
       guarded([&] {
         std::memcpy(xn_ptr, y.data_ptr<float>(), M * H * sizeof(float));  // the first layer adds zeros
-        add_norm.call(xn, residual, input_norms[i], eps);
+        add_norm(input_norms[i]);
         linear_part(qkv[i], types[4 * i], xn_ptr, M, H, a, q_k_v.data_ptr<float>(), part, parts, keep);
       });
       barrier.wait();
-      guarded([&] {  // this thread's sequences (or at one sequence a step, its K/V heads and their queries)
-        const bool by_heads = M < parts;
-        const int64_t count = by_heads ? num_kv_heads : M, chunk = (count + parts - 1) / parts;
-        const int64_t first = std::min(count, part * chunk), n = std::min(count - first, chunk);
-        if (n <= 0) return;
-        const int64_t t0 = by_heads ? 0 : first, tokens = by_heads ? M : n;
-        const int64_t kv0 = by_heads ? first : 0, kv = by_heads ? n : num_kv_heads;
-        const at::Tensor rows = q_k_v.narrow(0, t0, tokens);
-        const at::Tensor qk = rows.narrow(1, 0, q_size + num_kv_heads * head_dim).view({tokens, -1, head_dim});
-        const at::Tensor q = qk.narrow(1, kv0 * group, kv * group), k = qk.narrow(1, num_heads + kv0, kv);
-        const at::Tensor v = rows.narrow(1, q_size + num_kv_heads * head_dim, num_kv_heads * head_dim)
-                                 .view({tokens, num_kv_heads, head_dim}).narrow(1, kv0, kv);
-        const at::Tensor k_cache = k_caches[i].narrow(2, kv0, kv), v_cache = v_caches[i].narrow(2, kv0, kv);
-        const at::Tensor c = cos.narrow(0, t0, tokens), s = sin.narrow(0, t0, tokens);
-        rotary.call(q, c, s);
-        rotary.call(k, c, s);
-        store.call(k, v, k_cache, v_cache, slot_mapping.narrow(0, t0, tokens));
-        attn.narrow(0, t0, tokens).view({tokens, num_heads, head_dim}).narrow(1, kv0 * group, kv * group)
-            .copy_(attend.call(q, k_cache, v_cache, block_tables.narrow(0, t0, tokens),
-                               context_lens.narrow(0, t0, tokens), scale));
+      guarded([&] {
+        if (attention) modelplex_decode::attend(*attention, k_caches[i], v_caches[i], scale, scratch.data());
       });
       barrier.wait();
       guarded([&] { linear_part(o[i], types[4 * i + 1], attn.data_ptr<float>(), M, q_size, a, o_out.data_ptr<float>(),
@@ -185,7 +188,7 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
       barrier.wait();
       guarded([&] {
         std::memcpy(xn_ptr, o_out.data_ptr<float>(), M * H * sizeof(float));
-        add_norm.call(xn, residual, post_norms[i], eps);
+        add_norm(post_norms[i]);
         linear_part(gate_up[i], types[4 * i + 2], xn_ptr, M, H, a, h.data_ptr<float>(), part, parts, keep);
       });
       barrier.wait();
@@ -198,8 +201,11 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
   };
   modelplex_team::run_team(parts, barrier, run);
   error.rethrow();
+  region_steps.fetch_add(1, std::memory_order_relaxed);
   return y + residuals[0];
 }
+
+int64_t quant_region_steps() { return region_steps.load(); }
 
 }  // namespace
 
@@ -208,6 +214,7 @@ TORCH_LIBRARY_FRAGMENT(modelplex_cpu, m) {
         "Tensor[] o, Tensor[] gate_up, Tensor[] down, int[] types, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, "
         "Tensor(b!)[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, "
         "int num_kv_heads, float scale) -> Tensor");
+  m.def("quant_region_steps() -> int", &quant_region_steps);  // no tensor to dispatch on: one kernel for all
 }
 
 TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) {
