@@ -142,7 +142,7 @@ float ggml_row_dot(const uint8_t* row, int64_t nb, const int16_t* q, const float
 }
 
 #ifndef QR_PREFETCH
-#define QR_PREFETCH 4096
+#define QR_PREFETCH 6144
 #endif
 #if QR_VNNI
 constexpr int64_t kTileTokens = 4;
