@@ -141,6 +141,8 @@ float ggml_row_dot(const uint8_t* row, int64_t nb, const int16_t* q, const float
                     [&](int64_t b) { return fp16(row + b * kBytes<T> + 2); }, q, d, qsum);
 }
 
+// How far ahead the tiles prefetch: 4096 left the down projection's stream 8-13% short in this machine's
+// high-bandwidth state; in the low one the distance hardly matters (benchmarks/results/quant_stream.md).
 #ifndef QR_PREFETCH
 #define QR_PREFETCH 6144
 #endif
