@@ -77,8 +77,13 @@ def test_the_one_call_dense_step_and_layer_equal_the_layer_op_by_op(make_engine,
     decode_only = sum(nd == h.shape[0] for h, nd in zip(whole_step, num_decodes))
     assert ops.dense_decode_steps() - regions == decode_only >= 6
     assert len(step_calls) == steps and not layer_calls
+    cut = ops.dense_cut_steps()
     sample_rows_only, _, _, _ = hidden_states()
+    # every step with prefill rows ran its last layer for the sample rows alone
+    assert ops.dense_cut_steps() - cut == steps - decode_only
+    cut = ops.dense_cut_steps()
     all_rows_asked, _, _, _ = hidden_states(ask_all_rows=True)
+    assert ops.dense_cut_steps() == cut  # every row asked: the last layer runs whole
     monkeypatch.setattr(LlamaForCausalLM, "_dense_step_weights", lambda self, ropes: None)
     per_layer, _, _, _ = hidden_states()
     assert len(layer_calls) == steps * len(model.layers)

@@ -14,10 +14,13 @@
 #include "dense_decode_step.h"
 #include "paged_attention.h"
 
+#include <atomic>
 #include <optional>
 #include <vector>
 
 namespace {
+
+std::atomic<int64_t> cut_steps{0};  // steps whose last layer ran for the sample rows alone: the tests check it
 
 template <typename F>
 c10::TypedOperatorHandle<F> op(const char* name) {
@@ -226,9 +229,12 @@ at::Tensor dense_layers(const at::Tensor& x, at::TensorList input_norms, at::Ten
     h = layer_forward(h, residual, Layer{input_norms[i], post_norms[i], qkv[i], o[i], gate_up[i], down[i],
                                          k_caches[i], v_caches[i]}, step, i + 1 == L && kept ? &*kept : nullptr);
   }
+  if (kept) cut_steps.fetch_add(1, std::memory_order_relaxed);
   const at::Tensor out = h + residual;
   return sample_rows.has_value() && !kept ? out.index_select(0, *sample_rows) : out;
 }
+
+int64_t dense_cut_steps() { return cut_steps.load(); }
 
 }  // namespace
 
@@ -243,6 +249,7 @@ TORCH_LIBRARY_FRAGMENT(modelplex_cpu, m) {
         "Tensor(b!)[] v_caches, Tensor slot_mapping, int num_decode_tokens, Tensor? decode_block_tables, "
         "Tensor? decode_context_lens, Tensor? prefill_block_tables, Tensor? prefill_cu_seqlens_q, "
         "Tensor? prefill_context_lens, int num_heads, int num_kv_heads, float scale, Tensor? sample_rows=None) -> Tensor");
+  m.def("dense_cut_steps() -> int", &dense_cut_steps);  // no tensor to dispatch on: one kernel for all
 }
 
 TORCH_LIBRARY_IMPL(modelplex_cpu, CPU, m) {
