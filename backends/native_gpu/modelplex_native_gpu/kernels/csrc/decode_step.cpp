@@ -4,9 +4,10 @@
 // ~3.5 us on this 2-core machine (64K-float add: 4.4 us on 1 thread, 5.7 us on 2), ~150 of them a SmolLM2
 // step, a fifth of it. Here the team stays up for the whole step and meets at a spin barrier (llama.cpp's
 // threads do the same) after each product. Each thread keeps its own copy of the residual stream and
-// computes the norms, the int16 activations and silu(gate) * up itself (the same ops on the same values
-// as decode_layer.cpp's, so every copy holds the same bits), then multiplies its share of the weight's groups,
-// split as at::parallel_for splits them, and rotates, stores and attends with its share of the sequences (at
+// computes the norms and the int16 activations of q/k/v's, o's and gate/up's inputs itself (the same ops on the
+// same values as decode_layer.cpp's, so every copy holds the same bits), then multiplies its share of the
+// weight's groups, split as at::parallel_for splits them (gate/up: the same groups of each, then silu(gate) * up
+// and the down projection's int16 activations of its own columns, gate_up_silu), and rotates, stores and attends with its share of the sequences (at
 // one sequence, of the K/V heads). The norms, rotary and K/V store are called directly on the rows
 // (decode_attention.h, layer_rows.h: the ops' own row functions), not through the dispatcher: through it, with
 // the views each layer cut, the attention stage took ~23 us a layer of a 1B model's single-stream step, ~4% of
@@ -59,6 +60,38 @@ void linear_part(const at::Tensor& w, int64_t type, const float* x, int64_t M, i
   modelplex_quant::quantize_activations16(x, M, K, a.q.data(), a.d.data(), a.qsum.data());
   modelplex_quant::group16_linear_part(type, w.data_ptr<uint8_t>(), w.size(0), K, a.q.data(), a.d.data(),
                                        a.qsum.data(), M, y, part, parts, keep);
+}
+
+// Shared int16 activations [M][K] (d and qsum [M][K / 32]), each thread writing its own blocks.
+struct SharedActivations {
+  int16_t* q;
+  float* d;
+  int32_t* qsum;
+};
+
+// The MLP's gate/up product (gate's rows then up's, [2 inter, K]; inter a multiple of 32) for this thread's
+// pairs of groups of gate and the same of up, then silu(gate) * up on its columns into act [M, inter] and
+// their int16 blocks into out: the values silu_and_mul_f32 and quantize_activations16 give on whole rows.
+void gate_up_silu(const at::Tensor& w, int64_t type, const float* x, int64_t M, int64_t K, Activations& a, float* h,
+                  float* act, SharedActivations out, int part, int parts, double keep) {
+  const int64_t inter = w.size(0) / 2, groups = inter / 16, pairs = groups / 2, nb = inter / 32;
+  const int64_t chunk = (pairs + parts - 1) / parts, p0 = std::min(pairs, part * chunk);
+  const int64_t g0 = 2 * p0, g1 = 2 * std::min(pairs, p0 + chunk);
+  a.q.resize(M * K);
+  a.d.resize(M * K / 32);
+  a.qsum.resize(M * K / 32);
+  modelplex_quant::quantize_activations16(x, M, K, a.q.data(), a.d.data(), a.qsum.data());
+  for (const int64_t first : {g0, groups + g0}) {
+    modelplex_quant::group16_linear_groups(type, w.data_ptr<uint8_t>(), 2 * inter, K, a.q.data(), a.d.data(),
+                                           a.qsum.data(), M, h, first, first + g1 - g0, keep);
+  }
+  const int64_t c0 = 16 * g0, width = 16 * (g1 - g0);
+  if (width == 0) return;
+  modelplex_swiglu::silu_and_mul_rows_f32(h + c0, h + inter + c0, 2 * inter, act + c0, inter, 0, M, width);
+  for (int64_t t = 0; t < M; ++t) {
+    modelplex_quant::quantize_activations16(act + t * inter + c0, 1, width, out.q + t * inter + c0,
+                                            out.d + t * nb + c0 / 32, out.qsum + t * nb + c0 / 32);
+  }
 }
 
 // Bytes of weights a step keeps in the L3 cache from one step to the next: half of this CPU's L3 (the rest
@@ -141,6 +174,16 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
   at::Tensor q_k_v = at::empty({M, n_qkv}, x.options()), o_out = at::empty({M, H}, x.options());
   at::Tensor h = at::empty({M, 2 * inter}, x.options()), y = at::zeros({M, H}, x.options());
   at::Tensor attn = at::empty({M, q_size}, x.options());
+  // Each thread takes the same groups of gate and of up (pairs of groups: 32 columns, an activation block; the
+  // down projection's inner size is whole blocks) and computes silu(gate) * up and its int16 blocks for its own
+  // columns, into shared ones the down projection reads after the barrier, rather than each thread computing
+  // all of them itself, as for the other products' inputs (at one sequence within noise of it, paired on the
+  // 1B Q4_0 file; the work each thread no longer repeats grows with the batch: 8192 exps a row there).
+  TORCH_CHECK(inter % 32 == 0, "quant_decode_layers: the MLP's size is not whole blocks of 32");
+  at::Tensor act = at::empty({M, inter}, x.options());
+  std::vector<int16_t> act_q(M * inter);
+  std::vector<float> act_d(M * inter / 32);
+  std::vector<int32_t> act_qsum(M * inter / 32);
   int parts = modelplex_team::team_size();
   const int64_t group = num_heads / num_kv_heads;
   std::vector<at::Tensor> residuals(parts), normed(parts);
@@ -163,7 +206,7 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
     float* residual = residuals[part].data_ptr<float>();
     float* xn_ptr = normed[part].data_ptr<float>();
     Activations a;
-    std::vector<float> act(M * inter), scratch(3 * head_dim);
+    std::vector<float> scratch(3 * head_dim);
     std::optional<modelplex_decode::AttentionPart> attention;
     guarded([&] { attention = modelplex_decode::attention_part(q_k_v, attn, step, part, parts); });
     // residual += x, then x = RMSNorm(residual), on the thread's own copy of every row
@@ -189,12 +232,13 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
       guarded([&] {
         std::memcpy(xn_ptr, o_out.data_ptr<float>(), M * H * sizeof(float));
         add_norm(post_norms[i]);
-        linear_part(gate_up[i], types[4 * i + 2], xn_ptr, M, H, a, h.data_ptr<float>(), part, parts, keep);
+        gate_up_silu(gate_up[i], types[4 * i + 2], xn_ptr, M, H, a, h.data_ptr<float>(), act.data_ptr<float>(),
+                     {act_q.data(), act_d.data(), act_qsum.data()}, part, parts, keep);
       });
       barrier.wait();
       guarded([&] {
-        modelplex_swiglu::silu_and_mul_f32(h.data_ptr<float>(), act.data(), M, inter);
-        linear_part(down[i], types[4 * i + 3], act.data(), M, inter, a, y.data_ptr<float>(), part, parts, keep);
+        modelplex_quant::group16_linear_part(types[4 * i + 3], down[i].data_ptr<uint8_t>(), H, inter, act_q.data(),
+                                             act_d.data(), act_qsum.data(), M, y.data_ptr<float>(), part, parts, keep);
       });
       barrier.wait();
     }

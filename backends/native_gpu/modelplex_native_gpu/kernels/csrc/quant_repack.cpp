@@ -350,6 +350,13 @@ void group16_linear_part(int64_t type, const uint8_t* w, int64_t N, int64_t K, c
   else linear_groups<kQ8_0>(w, N, K, q, d, qsum, M, y, g0, g1, tail, keep);
 }
 
+void group16_linear_groups(int64_t type, const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d,
+                           const int32_t* qsum, int64_t M, float* y, int64_t g0, int64_t g1, double keep) {
+  if (type == kQ4_0x16) linear_groups<kQ4_0>(w, N, K, q, d, qsum, M, y, g0, g1, false, keep);
+  else if (type == kQ4_1x16) linear_groups<kQ4_1>(w, N, K, q, d, qsum, M, y, g0, g1, false, keep);
+  else linear_groups<kQ8_0>(w, N, K, q, d, qsum, M, y, g0, g1, false, keep);
+}
+
 void set_group16_streaming(bool streaming) { g_streaming.store(streaming, std::memory_order_relaxed); }
 
 void group16_dequantize_row(int64_t type, const uint8_t* w, int64_t N, int64_t K, int64_t row, float* out) {

@@ -21,6 +21,11 @@ void group16_linear(int64_t type, const uint8_t* w, int64_t N, int64_t K, const 
 void group16_linear_part(int64_t type, const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d,
                          const int32_t* qsum, int64_t M, float* y, int64_t part, int64_t parts, double keep);
 
+// The same product, groups [g0, g1) of the weight's N / 16 only (none of the N % 16 rows after them); the
+// first `keep` of their bytes read as usual, the rest streamed, as group16_linear_part's.
+void group16_linear_groups(int64_t type, const uint8_t* w, int64_t N, int64_t K, const int16_t* q, const float* d,
+                           const int32_t* qsum, int64_t M, float* y, int64_t g0, int64_t g1, double keep);
+
 // Whether group16_linear streams its weights (non-temporal prefetches, up to 64 tokens): set by the whole-step
 // decode when the step's weights do not fit the L3 cache, so the LM head after it keeps the step's kept bytes.
 void set_group16_streaming(bool streaming);
