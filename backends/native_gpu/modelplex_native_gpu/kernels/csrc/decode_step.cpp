@@ -7,11 +7,11 @@
 // computes the norms and the int16 activations of q/k/v's, o's and gate/up's inputs itself (the same ops on the
 // same values as decode_layer.cpp's, so every copy holds the same bits), then multiplies its share of the
 // weight's groups, split as at::parallel_for splits them (gate/up: the same groups of each, then silu(gate) * up
-// and the down projection's int16 activations of its own columns, gate_up_silu), and rotates, stores and attends with its share of the sequences (at
-// one sequence, of the K/V heads). The norms, rotary and K/V store are called directly on the rows
-// (decode_attention.h, layer_rows.h: the ops' own row functions), not through the dispatcher: through it, with
-// the views each layer cut, the attention stage took ~23 us a layer of a 1B model's single-stream step, ~4% of
-// it with the memory idle (paired, 1B Q4_0: +3% tok/s).
+// and the down projection's int16 activations of its own columns, gate_up_silu), and rotates, stores and
+// attends with its share of the sequences (at one sequence, of the K/V heads). The norms, rotary and K/V store
+// are called directly on the rows (decode_attention.h, layer_rows.h: the ops' own row functions), not through
+// the dispatcher: through it, with the views each layer cut, the attention stage took ~23 us a layer of a 1B
+// model's single-stream step, ~4% of it with the memory idle (paired, 1B Q4_0: +3% tok/s).
 // Every result is bit for bit decode_layer.cpp's.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -185,7 +185,6 @@ at::Tensor quant_decode_layers(const at::Tensor& x, at::TensorList input_norms, 
   std::vector<float> act_d(M * inter / 32);
   std::vector<int32_t> act_qsum(M * inter / 32);
   int parts = modelplex_team::team_size();
-  const int64_t group = num_heads / num_kv_heads;
   std::vector<at::Tensor> residuals(parts), normed(parts);
   for (int p = 0; p < parts; ++p) {
     residuals[p] = x.clone();
